@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Both create .venv when missing, install the pinned CPU torch first (an unpinned torch
+# would pull a multi-GB CUDA build), then the project; both are idempotent.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+DEMO_ARGS ?= --model tiny --epochs 3 --batch-size 32
+
+.PHONY: demo test lint cluster-up cluster-down clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.torch-$(TORCH_VERSION): | $(PY)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check src tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,45 @@
+"""scalerun: run a one-GPU PyTorch training script on many GPUs and nodes.
+
+Public API (the runtime inside each rank)::
+
+    import scalerun
+    ctx = scalerun.init()
+    model = scalerun.wrap(model)
+    train = scalerun.loader(dataset, batch_size=32, shuffle=True)
+    total = scalerun.reduce(value, op="sum")
+    scalerun.print("rank 0 only")
+    scalerun.shutdown()
+
+Importing this package probes no hardware, sets no environment variable and imports
+no torch: the runtime is loaded on first use so that CLI commands stay fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "init",
+    "wrap",
+    "loader",
+    "reduce",
+    "print",
+    "shutdown",
+    "barrier",
+    "context",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.runtime.api import barrier, context, init, loader, print, reduce, shutdown, wrap
+
+
+def __getattr__(name: str) -> Any:
+    """Load the runtime lazily: ``scalerun.init`` imports torch, ``import scalerun`` does not."""
+    if name in {"init", "wrap", "loader", "reduce", "print", "shutdown", "barrier", "context"}:
+        from scalerun.runtime import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'scalerun' has no attribute {name!r}")

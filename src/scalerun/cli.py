@@ -1,0 +1,57 @@
+"""The ``scalerun`` command line: argument parsing, then a call into the modules.
+
+Each subcommand lives in ``scalerun.commands.<name>`` with two functions:
+``add_parser(subparsers)`` declares its flags and ``run(args) -> int`` does the work.
+This module only wires them together and turns user errors into one line on stderr
+with a non-zero exit and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from scalerun.errors import ScalerunError
+
+# Order is the order ``scalerun --help`` lists them.
+COMMANDS: tuple[str, ...] = (
+    "launch",
+)
+
+EXIT_USER_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full parser; subcommand modules add their own flags."""
+    parser = argparse.ArgumentParser(
+        prog="scalerun",
+        description="Run PyTorch training on many GPUs and nodes, correctly placed and checked.",
+    )
+    from scalerun import __version__
+
+    parser.add_argument("--version", action="version", version=f"scalerun {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMANDS:
+        module = importlib.import_module(f"scalerun.commands.{name.replace('-', '_')}")
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ScalerunError as error:
+        print(f"scalerun {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m scalerun.cli
+    sys.exit(main())

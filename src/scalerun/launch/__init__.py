@@ -1,0 +1,1 @@
+"""Launchers: local processes (torch elastic), srun steps, sbatch scripts, containers."""

@@ -1,0 +1,1 @@
+"""What runs inside each rank: process group, device, data, metrics, output."""

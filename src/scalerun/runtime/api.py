@@ -1,0 +1,9 @@
+"""The public runtime functions, gathered for ``scalerun.<name>``."""
+
+from scalerun.runtime.data import loader
+from scalerun.runtime.init import barrier, context, init, shutdown
+from scalerun.runtime.metrics import reduce
+from scalerun.runtime.output import print
+from scalerun.runtime.wrap import wrap
+
+__all__ = ["init", "wrap", "loader", "reduce", "print", "shutdown", "barrier", "context"]

@@ -1,0 +1,128 @@
+"""Distributed data loading that is right by default.
+
+Two mistakes the course warns about are made impossible here: forgetting
+``sampler.set_epoch`` (every epoch then sees the same order) and evaluating with
+``DistributedSampler`` (which pads the last batch with duplicates, so the reduced
+accuracy is not the single-process accuracy).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from scalerun.errors import ScalerunError
+from scalerun.runtime.init import current
+
+MAX_DEFAULT_WORKERS = 8
+
+
+class EpochSampler(DistributedSampler):
+    """A DistributedSampler that advances its epoch each time a loop starts over it.
+
+    An explicit ``set_epoch(n)`` still wins for the next pass, so code written for a
+    plain DistributedSampler (and resumed runs) behave as before.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._next_epoch = epoch
+
+    def __iter__(self) -> Iterator:
+        super().set_epoch(self._next_epoch)
+        self._next_epoch += 1
+        return super().__iter__()
+
+
+class ShardSampler(Sampler[int]):
+    """Every sample to exactly one rank, in order, without padding.
+
+    Ranks get ``rank, rank + W, rank + 2W, ...``: sizes differ by at most one, and the
+    sum over ranks of any per-sample count equals the single-process count exactly.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        self.total = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.total, self.num_replicas))
+
+
+def default_workers(local_world_size: int) -> int:
+    """Loader workers from the CPUs this rank may use, keeping one for the main process.
+
+    A rank bound by scalerun or srun owns its whole affinity set; an unbound rank shares
+    the node's CPUs with its ``local_world_size - 1`` neighbours.
+    """
+    ctx = current()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = cpus or 1
+    bound = ctx is not None and ctx.bound_cpus is not None
+    per_rank = cpus if bound else max(1, cpus // max(1, local_world_size))
+    return max(0, min(MAX_DEFAULT_WORKERS, per_rank - 1))
+
+
+def loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool = True,
+    shuffle: bool | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int | None = None,
+    **kwargs: Any,
+) -> DataLoader:
+    """A DataLoader that gives this rank its share of ``dataset``.
+
+    train=True: a distributed sampler (shuffled unless ``shuffle=False``) that reshuffles
+    every epoch by itself. train=False: each sample goes to exactly one rank, so
+    ``reduce(correct, "sum") / reduce(count, "sum")`` is the exact single-process metric.
+    ``batch_size`` is per rank. Extra keyword arguments go to ``DataLoader``.
+    """
+    if batch_size < 1:
+        raise ScalerunError(f"batch_size={batch_size} must be at least 1")
+    if not isinstance(dataset, Sized):
+        raise ScalerunError("scalerun.loader needs a dataset with a length (a map-style Dataset)")
+    ctx = current()
+    world, rank = (ctx.world_size, ctx.rank) if ctx else (1, 0)
+    local_world = ctx.local_world_size if ctx else 1
+    sampler: Sampler[int]
+    if train:
+        sampler = EpochSampler(
+            dataset,
+            num_replicas=world,
+            rank=rank,
+            shuffle=True if shuffle is None else shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+    else:
+        if shuffle:
+            raise ScalerunError("train=False loaders keep order; drop shuffle=True")
+        sampler = ShardSampler(dataset, world, rank)
+    workers = default_workers(local_world) if num_workers is None else num_workers
+    kwargs.setdefault("pin_memory", ctx is not None and ctx.device.type == "cuda")
+    kwargs.setdefault("persistent_workers", workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        drop_last=drop_last if train else False,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )

@@ -1,0 +1,72 @@
+"""Run a function on N real processes joined by scalerun.init() over gloo.
+
+The processes are started the way a launcher would: each gets RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT, then calls ``scalerun.init()``, which
+must find its place and join the group by itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        SCALERUN_BIND="0",
+        SCALERUN_TIMEOUT="60",
+    )
+    try:
+        import scalerun
+
+        ctx = scalerun.init()
+        result = fn(ctx, *args)
+        scalerun.shutdown()
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - the parent re-raises it with the rank
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(world: int, fn: Callable, *args: Any) -> list[Any]:
+    """Results of ``fn(ctx, *args)`` on each rank, in rank order; raises on any failure."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    port = free_port()
+    procs = [
+        context.Process(target=_worker, args=(rank, world, port, fn, args, queue))
+        for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, status, value = queue.get(timeout=TIMEOUT_S)
+            if status != "ok":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return [results[rank] for rank in range(world)]
