@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from scalerun.errors import ScalerunError
 
@@ -23,9 +24,16 @@ COMMANDS: tuple[str, ...] = (
 EXIT_USER_ERROR = 2
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (no usage dump), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the full parser; subcommand modules add their own flags."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="scalerun",
         description="Run PyTorch training on many GPUs and nodes, correctly placed and checked.",
     )

@@ -1,0 +1,141 @@
+"""``scalerun launch`` on local processes: real ranks, real failures, real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerun.errors import LaunchError
+from scalerun.launch.local import LocalLaunch, rank_environment, torchrun_argv
+
+SCALERUN = [sys.executable, "-m", "scalerun"]
+
+
+def run_cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "SCALERUN_BIND": "0", **env}
+    return subprocess.run([*SCALERUN, *args], capture_output=True, text=True, timeout=timeout,
+                          env=environ)
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
+    script = write(tmp_path, "plain.py", """
+        import os, torch.distributed as dist
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("gloo")
+        t = __import__("torch").tensor([dist.get_rank() + 1])
+        dist.all_reduce(t)
+        print(f"ok rank={dist.get_rank()} local={local_rank} world={dist.get_world_size()} sum={int(t)}")
+        dist.destroy_process_group()
+    """)
+    result = run_cli("launch", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.stderr
+    assert "[rank0]: ok rank=0 local=0 world=2 sum=3" in result.stdout
+    assert "[rank1]: ok rank=1 local=1 world=2 sum=3" in result.stdout
+
+
+def test_scalerun_script_with_filter_and_report(tmp_path: Path) -> None:
+    script = write(tmp_path, "sr.py", """
+        import sys, scalerun
+        ctx = scalerun.init()
+        print("args", sys.argv[1:], "rank", ctx.rank, "omp", __import__("os").environ["OMP_NUM_THREADS"])
+    """)
+    result = run_cli("launch", "--nproc-per-node", "2", "--local-ranks-filter", "1", "-v",
+                     str(script), "--lr", "a b")
+    assert result.returncode == 0, result.stderr
+    assert "[rank1]: args ['--lr', 'a b'] rank 1" in result.stdout
+    assert "rank 0" not in result.stdout  # filtered out
+    assert "[rank1]: [scalerun] host=" in result.stderr
+    assert "launcher=torchrun" in result.stderr
+
+
+def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
+    script = write(tmp_path, "fail.py", """
+        import sys, time, scalerun
+        ctx = scalerun.init()
+        if ctx.rank == 1:
+            sys.exit(3)
+        time.sleep(300)  # the others would wait forever without the launcher stopping them
+    """)
+    start = time.monotonic()
+    result = run_cli("launch", "--nproc-per-node", "3", str(script), timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 3
+    assert elapsed < 30
+    last = result.stderr.strip().splitlines()[-1]
+    assert "rank 1 (local rank 1" in last and "exit code 3" in last
+    assert "rank 0 " not in last and "rank 2 " not in last
+
+
+def test_killed_rank_reports_the_signal(tmp_path: Path) -> None:
+    script = write(tmp_path, "kill.py", """
+        import os, signal, time, scalerun
+        ctx = scalerun.init()
+        if ctx.rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(300)
+    """)
+    result = run_cli("launch", "--nproc-per-node", "2", str(script), timeout=60)
+    assert result.returncode == 128 + 9
+    assert "rank 0 (local rank 0" in result.stderr and "signal SIGKILL" in result.stderr
+
+
+BAD_INPUT = [
+    (["launch"], "the following arguments are required: script"),
+    (["launch", "--nproc-per-node", "0", "x.py"], "--nproc-per-node 0 starts no process"),
+    (["launch", "--nproc-per-node", "two", "x.py"], "is not a number"),
+    (["launch", "missing_script.py"], "script 'missing_script.py' not found"),
+    (["launch", "--nnodes", "2", "--node-rank", "2", "x.py"], "--node-rank 2 is outside"),
+    (["launch", "--local-ranks-filter", "a", "x.py"], "--local-ranks-filter 'a'"),
+    (["nonsense"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_without_traceback(tmp_path: Path, argv: list[str],
+                                                 message: str) -> None:
+    (tmp_path / "x.py").write_text("print('never')\n")
+    result = subprocess.run([*SCALERUN, *argv], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path.cwd() / "src")})
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_request_maps_to_torchrun_flags(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("")
+    request = LocalLaunch(script=str(script), script_args=("--x", "1"), nproc_per_node=4,
+                          nnodes=2, node_rank=1, master_addr="n1", master_port=29400,
+                          ranks_filter=(0,))
+    assert torchrun_argv(request) == [
+        "--nproc-per-node=4", "--max-restarts=0", "--nnodes=2", "--node-rank=1",
+        "--master-addr=n1", "--master-port=29400", "--tee=3", "--local-ranks-filter=0",
+        str(script), "--x", "1",
+    ]
+
+
+def test_thread_count_is_the_cpu_share_and_the_users_value_wins(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("")
+    request = LocalLaunch(script=str(script), nproc_per_node=2)
+    cpus = len(os.sched_getaffinity(0))
+    assert rank_environment(request, {})["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
+    assert "OMP_NUM_THREADS" not in rank_environment(request, {"OMP_NUM_THREADS": "7"})
+
+
+def test_invalid_requests_raise_launch_error(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="--master-port 70000"):
+        LocalLaunch(script="-", module=True, master_port=70000)
