@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from scalerun.errors import PlacementError
@@ -328,3 +330,25 @@ def test_detect_does_not_touch_the_environment() -> None:
     before = dict(environ)
     detect(environ)
     assert environ == before
+
+
+CAPTURES = Path(__file__).parent / "fixtures" / "slurm_env"
+
+
+def read_capture(name: str) -> dict[str, str]:
+    lines = (CAPTURES / name).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+@pytest.mark.parametrize("task", [0, 1, 2, 3])
+def test_captured_srun_tasks(task: int) -> None:
+    placement = detect(read_capture(f"srun_2x2_task{task}.txt"))
+    assert (placement.launcher, placement.rank, placement.world_size) == ("slurm", task, 4)
+    assert (placement.local_rank, placement.node_rank) == (task % 2, task // 2)
+    assert placement.master_addr == "nid000001"
+    assert placement.hosts == ("nid000001", "nid000002")
+
+
+def test_captured_batch_script_is_single_process() -> None:
+    placement = detect(read_capture("sbatch_2x2_batch_script.txt"))
+    assert (placement.launcher, placement.world_size) == ("single", 1)
