@@ -1,0 +1,60 @@
+"""Per-node JIT caches on node-local storage: MIOpen, Triton, TorchInductor.
+
+MIOpen keeps compiled kernels in an SQLite database under ``$HOME`` by default; many ranks
+on a shared file system then lock each other out or corrupt it. The course puts one
+cache per node in ``/tmp``; a known LUMI failure is several torchrun ranks creating (or
+one deleting) that folder at once. Here the folder is created once per node, before
+ranks use it, with ``mkdir -p`` semantics and a lock, and never deleted by a rank.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from scalerun.netconf.settings import Setting
+
+CACHE_VARIABLES = (
+    ("MIOPEN_USER_DB_PATH", "miopen", "MIOpen's performance database (ROCm < 6.x spelling)"),
+    ("MIOPEN_USER_DB", "miopen", "MIOpen's performance database (newer spelling)"),
+    ("MIOPEN_CUSTOM_CACHE_DIR", "miopen", "MIOpen's compiled-kernel cache"),
+    ("TRITON_CACHE_DIR", "triton", "Triton's compiled kernels (torch.compile)"),
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor", "TorchInductor's generated code"),
+)
+
+
+def cache_root(environ: Mapping[str, str], *, base: str = "/tmp") -> str:
+    """One folder per user, job and node on node-local storage."""
+    user = environ.get("USER") or environ.get("LOGNAME") or str(os.getuid())
+    job = environ.get("SLURM_JOB_ID", "local")
+    node = environ.get("SLURM_NODEID", "0")
+    return f"{base}/{user}-scalerun-cache-{job}-node{node}"
+
+
+def cache_settings(environ: Mapping[str, str], *, base: str = "/tmp") -> list[Setting]:
+    """The cache variables, all under :func:`cache_root`."""
+    root = cache_root(environ, base=base)
+    return [
+        Setting(name, f"{root}/{folder}", "default", f"{why}, per node on local storage")
+        for name, folder, why in CACHE_VARIABLES
+    ]
+
+
+def create_cache_dirs(settings: list[Setting]) -> list[Path]:
+    """Create the cache folders once per node, safe when every rank calls it at once.
+
+    ``mkdir(exist_ok=True)`` under an exclusive lock: the first rank creates, the others
+    find the folders ready; nobody deletes a folder another rank may be using.
+    """
+    folders = sorted({Path(s.value) for s in settings if s.name in {v for v, _, _ in CACHE_VARIABLES}})
+    if not folders:
+        return []
+    parent = folders[0].parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with open(parent / ".scalerun-cache.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+    return folders

@@ -1,0 +1,108 @@
+"""The one place that decides a rank's communication and cache environment.
+
+Inputs are data (the node's topology, the rank's binding, the site profile, the
+library versions, the user's environment); the output is a list of
+:class:`~scalerun.netconf.settings.Setting`. Launchers export it, ``scalerun env``
+prints it, ``scalerun doctor`` checks against it. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from string import Template
+
+from scalerun.netconf.caches import cache_settings
+from scalerun.netconf.gpu_direct import gdr_setting
+from scalerun.netconf.interfaces import InterfaceChoice, choose_interfaces
+from scalerun.netconf.settings import Setting, respect_user
+from scalerun.topology.model import Nic
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankFacts:
+    """What the binding plan and the launch know about one rank."""
+
+    cpus: tuple[int, ...] | None = None
+    """The rank's CPU set (physical cores) from the binding plan; None when unbound."""
+    nic: str | None = None
+    """The NIC nearest the rank's GPU, from the topology."""
+    gpu_vendor: str | None = None
+    """"amd", "nvidia" or None for a CPU-only rank."""
+    loader_workers: int = 0
+    num_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The settings for one rank plus the interface choice behind them."""
+
+    settings: tuple[Setting, ...]
+    interfaces: InterfaceChoice | None
+
+
+def decide_environment(
+    *,
+    rank: RankFacts,
+    nics: Sequence[Nic] = (),
+    site_interfaces: Sequence[str] = (),
+    site_task_env: Mapping[str, str] | None = None,
+    rocm_version: str | None = None,
+    environ: Mapping[str, str],
+) -> Decision:
+    """Every variable scalerun would set for this rank, with its source and reason."""
+    settings: list[Setting] = []
+    interfaces = None
+    if rank.num_nodes > 1 or site_interfaces:
+        interfaces = choose_interfaces(nics, site_interfaces=site_interfaces, nearest=rank.nic)
+        settings += _interface_settings(interfaces)
+    if rank.gpu_vendor:
+        settings.append(Setting("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "default",
+                                "GPU numbers follow PCI bus order, as ROCm and the topology do"))
+    gdr = gdr_setting(rank.gpu_vendor, rocm_version)
+    if gdr:
+        settings.append(gdr)
+    if rank.cpus:
+        settings.append(Setting("OMP_NUM_THREADS", str(len(rank.cpus)), "topology",
+                                f"one thread per core of the rank's CPU set ({len(rank.cpus)})"))
+    if rank.loader_workers > 0:
+        settings.append(Setting("TOKENIZERS_PARALLELISM", "false", "default",
+                                "tokenizer threads inside loader workers oversubscribe the cores"))
+    settings += _cache_settings(rank, environ)
+    settings = _apply_site(settings, site_task_env or {}, environ)
+    return Decision(tuple(respect_user(settings, environ)), interfaces)
+
+
+def _interface_settings(choice: InterfaceChoice) -> list[Setting]:
+    if not choice.names:
+        return []
+    why = f"{choice.reason}: {choice.ifname}"
+    return [
+        Setting("NCCL_SOCKET_IFNAME", choice.ifname, "site" if choice.kind == "site" else "topology", why),
+        Setting("GLOO_SOCKET_IFNAME", choice.ifname, "site" if choice.kind == "site" else "topology", why),
+    ]
+
+
+def _cache_settings(rank: RankFacts, environ: Mapping[str, str]) -> list[Setting]:
+    """MIOpen caches on AMD GPUs; Triton with any GPU; TorchInductor everywhere."""
+    wanted = {"TORCHINDUCTOR_CACHE_DIR"}
+    if rank.gpu_vendor:
+        wanted.add("TRITON_CACHE_DIR")
+    if rank.gpu_vendor == "amd":
+        wanted |= {"MIOPEN_USER_DB_PATH", "MIOPEN_USER_DB", "MIOPEN_CUSTOM_CACHE_DIR"}
+    return [s for s in cache_settings(environ) if s.name in wanted]
+
+
+def _apply_site(
+    settings: list[Setting], site_task_env: Mapping[str, str], environ: Mapping[str, str]
+) -> list[Setting]:
+    """The site's per-task variables replace scalerun's defaults of the same name.
+
+    ``${USER}``-style references are filled from the rank's environment, as the shell
+    would in a job script; unknown ones stay as written.
+    """
+    site = [Setting(name, Template(value).safe_substitute(environ), "site",
+                    "site profile [task_env]")
+            for name, value in site_task_env.items()]
+    names = {s.name for s in site}
+    return [s for s in settings if s.name not in names] + site

@@ -1,0 +1,101 @@
+"""The decided environment: GPU-direct, threads, caches, site values, user's values."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+
+from scalerun.netconf.caches import cache_settings, create_cache_dirs
+from scalerun.netconf.decide import RankFacts, decide_environment
+from scalerun.netconf.gpu_direct import gdr_setting, parse_version
+from scalerun.topology.model import Nic
+
+HSN = [Nic(name=f"hsn{i}", pci=f"0000:{i}:00.0", numa=i, link_type=1, speed_mbps=200000,
+           operstate="up") for i in range(4)]
+NMN = Nic(name="nmn0", pci="0000:09:00.0", numa=0, link_type=1, speed_mbps=1000, operstate="up")
+
+
+@pytest.mark.parametrize(
+    ("vendor", "rocm", "expected"),
+    [("amd", "6.0.3", "PHB"), ("amd", "5.6.1", "PHB"), ("amd", None, "PHB"),
+     ("amd", "6.2.41133-dd7f95766", None), ("amd", "7.0.0", None), ("nvidia", None, None),
+     (None, None, None)],
+)
+def test_gdr_level_only_where_rocm_needs_it(vendor, rocm, expected) -> None:
+    setting = gdr_setting(vendor, rocm)
+    assert (setting.value if setting else None) == expected
+
+
+def test_parse_version() -> None:
+    assert parse_version("6.2.41133-dd7f95766") == (6, 2, 41133)
+    assert parse_version("") is None and parse_version("rocm") is None
+
+
+def env_of(decision) -> dict[str, tuple[str, str]]:
+    return {s.name: (s.value, s.source) for s in decision.settings}
+
+
+def test_lumi_rank_gets_the_course_environment() -> None:
+    environ = {"USER": "alice", "SLURM_JOB_ID": "77", "SLURM_NODEID": "1"}
+    decision = decide_environment(
+        rank=RankFacts(cpus=(49, 50, 51, 52, 53, 54, 55), nic="hsn0", gpu_vendor="amd",
+                       loader_workers=7, num_nodes=2),
+        nics=[NMN, *HSN],
+        site_interfaces=("hsn0", "hsn1", "hsn2", "hsn3"),
+        site_task_env={"MIOPEN_USER_DB_PATH": "/tmp/${USER}-miopen-cache-${SLURM_NODEID}"},
+        rocm_version="6.0.3",
+        environ=environ,
+    )
+    env = env_of(decision)
+    assert env["NCCL_SOCKET_IFNAME"] == ("hsn0,hsn1,hsn2,hsn3", "site")
+    assert env["NCCL_NET_GDR_LEVEL"] == ("PHB", "rocm")
+    assert env["OMP_NUM_THREADS"] == ("7", "topology")
+    assert env["TOKENIZERS_PARALLELISM"] == ("false", "default")
+    assert env["CUDA_DEVICE_ORDER"] == ("PCI_BUS_ID", "default")
+    assert env["MIOPEN_USER_DB_PATH"] == ("/tmp/alice-miopen-cache-1", "site")
+    assert env["MIOPEN_CUSTOM_CACHE_DIR"][0] == "/tmp/alice-scalerun-cache-77-node1/miopen"
+    assert env["MIOPEN_USER_DB"][0] == "/tmp/alice-scalerun-cache-77-node1/miopen"
+
+
+def test_user_settings_win_and_are_reported() -> None:
+    decision = decide_environment(
+        rank=RankFacts(cpus=(0, 1), gpu_vendor="nvidia", num_nodes=2),
+        nics=[NMN, *HSN],
+        environ={"NCCL_SOCKET_IFNAME": "nmn0", "OMP_NUM_THREADS": "16"},
+    )
+    env = env_of(decision)
+    assert env["NCCL_SOCKET_IFNAME"] == ("nmn0", "user")
+    assert env["OMP_NUM_THREADS"] == ("16", "user")
+    reason = next(s.reason for s in decision.settings if s.name == "NCCL_SOCKET_IFNAME")
+    assert "hsn0" in reason  # what scalerun would have chosen is still shown
+
+
+def test_single_node_cpu_job_sets_no_interface_or_gpu_variables() -> None:
+    env = env_of(decide_environment(rank=RankFacts(cpus=(0,)), nics=HSN, environ={}))
+    assert set(env) == {"OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
+
+
+def _create(settings, queue) -> None:
+    try:
+        create_cache_dirs(settings)
+        queue.put("ok")
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        queue.put(repr(error))
+
+
+def test_cache_folders_created_once_by_racing_ranks(tmp_path: Path) -> None:
+    settings = cache_settings({"USER": "u", "SLURM_JOB_ID": "5", "SLURM_NODEID": "0"},
+                              base=str(tmp_path))
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    procs = [context.Process(target=_create, args=(settings, queue)) for _ in range(8)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=30) for _ in procs]
+    for proc in procs:
+        proc.join()
+    assert results == ["ok"] * 8
+    root = tmp_path / "u-scalerun-cache-5-node0"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["inductor", "miopen", "triton"]
