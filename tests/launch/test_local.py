@@ -18,7 +18,7 @@ SCALERUN = [sys.executable, "-m", "scalerun"]
 
 
 def run_cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "SCALERUN_BIND": "0", **env}
+    environ = {**os.environ, **env}
     return subprocess.run([*SCALERUN, *args], capture_output=True, text=True, timeout=timeout,
                           env=environ)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.netconf.apply import DEFAULTED_MARKER
 
 RANK_PREFIX = "[rank${rank}]: "
 
@@ -97,6 +98,8 @@ def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str,
     if "OMP_NUM_THREADS" not in environ:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or 1) // request.nproc_per_node))
+        # each rank refines it from its own CPU set once bound (scalerun.init)
+        env[DEFAULTED_MARKER] = "OMP_NUM_THREADS"
     if request.verbose:
         env.setdefault("SCALERUN_VERBOSE", "1")
     if request.prefix_output:

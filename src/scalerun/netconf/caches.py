@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,10 +28,17 @@ CACHE_VARIABLES = (
 
 def cache_root(environ: Mapping[str, str], *, base: str = "/tmp") -> str:
     """One folder per user, job and node on node-local storage."""
-    user = environ.get("USER") or environ.get("LOGNAME") or str(os.getuid())
+    user = environ.get("USER") or environ.get("LOGNAME") or _login_name()
     job = environ.get("SLURM_JOB_ID", "local")
     node = environ.get("SLURM_NODEID", "0")
     return f"{base}/{user}-scalerun-cache-{job}-node{node}"
+
+
+def _login_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return str(os.getuid())
 
 
 def cache_settings(environ: Mapping[str, str], *, base: str = "/tmp") -> list[Setting]:

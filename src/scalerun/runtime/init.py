@@ -51,6 +51,7 @@ def init(
     where = placement_mod.detect()
     exported = export_placement(where, os.environ)
     bound = _bind_cpus(where, os.environ, bind)
+    exported.update(_apply_environment(os.environ))
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     choice = choose_device(
         local_rank=where.local_rank,
@@ -144,6 +145,30 @@ def _bind_cpus(
 
     binding = bind_current_process(where.local_rank, where.local_world_size)
     return None if binding is None else tuple(binding.cpus)
+
+
+def _apply_environment(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """Export the decided communication, thread and cache variables (see scalerun env).
+
+    Runs after binding so that the thread count is the rank's own core count, and
+    before the process group so that NCCL/RCCL and gloo see the interface variables.
+    ``SCALERUN_NETCONF=0`` turns it off.
+    """
+    if environ.get("SCALERUN_NETCONF", "1") == "0":
+        return {}
+    from scalerun.errors import TopologyError
+    from scalerun.netconf.apply import apply_decision
+    from scalerun.netconf.current import decide_for_current_rank
+
+    try:
+        rank_env = decide_for_current_rank(environ=environ)
+    except TopologyError as error:  # an unreadable /sys must not stop training
+        print(f"[scalerun] rank environment not decided: {error}", file=sys.stderr)
+        return {}
+    applied = apply_decision(rank_env.decision, environ)
+    if "OMP_NUM_THREADS" in applied:
+        torch.set_num_threads(int(applied["OMP_NUM_THREADS"]))
+    return applied
 
 
 def _choose_backend(requested: str | None, device: torch.device) -> str:
