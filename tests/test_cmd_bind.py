@@ -1,0 +1,181 @@
+"""``scalerun bind -- CMD``: which rank, which variables, and a real exec with real affinity."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from scalerun.binding import RankBinding
+from scalerun.cli import main
+from scalerun.commands.bind import gpu_visibility, rank_and_size
+from scalerun.errors import PlacementError
+from scalerun.topology import read_node
+from tests.fixtures.make_sysfs import TreeCache
+
+REPORT = (
+    "import json, os; print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), 'env': "
+    "{k: os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', "
+    "'ROCR_VISIBLE_DEVICES', 'SCALERUN_BIND')}}))"
+)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> TreeCache:
+    return TreeCache(tmp_path_factory.mktemp("sysfs"))
+
+
+SLURM_TASK = {  # task 9 of a 2 x 8 srun step, on the second node
+    "SLURM_JOB_ID": "9304946",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "9",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_TASKS": "16",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "nid[005527-005528]",
+    "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+}
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "r",
+    "RANK": "5",
+    "WORLD_SIZE": "16",
+    "LOCAL_RANK": "5",
+    "LOCAL_WORLD_SIZE": "8",
+    "MASTER_ADDR": "n1",
+    "MASTER_PORT": "29500",
+}
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "expected"),
+    [
+        ((3, 8), {}, (3, 8, "flags")),
+        ((None, None), TORCHRUN, (5, 8, "torchrun")),
+        ((None, None), SLURM_TASK, (1, 8, "slurm")),
+        ((2, None), SLURM_TASK, (2, 8, "slurm")),  # a flag wins over the launcher
+        ((None, None), {"LOCAL_RANK": "2"}, (2, 8, "LOCAL_RANK, one rank per GPU")),
+        ((None, 4), {"MPI_LOCALRANKID": "3"}, (3, 4, "MPI_LOCALRANKID")),
+        (
+            (None, None),
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "LOCAL_RANK": "0"},
+            (0, 8, "LOCAL_RANK, one rank per GPU"),
+        ),
+    ],
+)
+def test_rank_and_size(trees: TreeCache, flags, environ, expected) -> None:
+    dgx = read_node(trees.root("dgx_h100"), range(224))
+    assert rank_and_size(*flags, dgx, environ) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "flags", "environ", "message"),
+    [
+        ("dgx_h100", (None, None), {}, "--local-rank is not given and none of LOCAL_RANK"),
+        ("dgx_h100", (None, None), {"LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a number"),
+        ("cpu2s", (0, None), {}, "--ranks-per-node is not given and this node has no GPU"),
+    ],
+)
+def test_rank_and_size_never_guesses_a_rank(
+    trees: TreeCache, name, flags, environ, message
+) -> None:
+    with pytest.raises(PlacementError, match=message):
+        rank_and_size(*flags, read_node(trees.root(name), range(224)), environ)
+
+
+def gpu(vendor: str | None, index: int | None = 3) -> RankBinding:
+    return RankBinding(
+        local_rank=3, gpu_index=index, gpu_pci=None, cpus=(0,), numa=0, nic=None, gpu_vendor=vendor
+    )
+
+
+@pytest.mark.parametrize(
+    ("binding", "mode", "environ", "exported"),
+    [
+        (gpu("amd"), "rank", {}, {"ROCR_VISIBLE_DEVICES": "3"}),
+        (gpu("amd"), "rank", {"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, {}),  # set by srun: kept
+        (gpu("amd"), "all", {}, {}),
+        (
+            gpu("nvidia"),
+            "rank",
+            {},
+            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"},
+        ),
+        (gpu("nvidia"), "all", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+        (gpu("nvidia"), "rank", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {"CUDA_VISIBLE_DEVICES": "3"}),
+        (gpu(None, None), "rank", {}, {}),  # CPU-only node
+    ],
+)
+def test_gpu_visibility(binding: RankBinding, mode: str, environ: dict, exported: dict) -> None:
+    assert gpu_visibility(binding, environ, mode) == exported
+
+
+def run_bind(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m scalerun bind ARGV -- python -c REPORT`` in a fresh process."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_", "ROCR_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "scalerun", "bind", *argv, "--", sys.executable, "-c", REPORT],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def two_cpus() -> Iterator[list[int]]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(read_node("/").cores) < 2:
+        pytest.skip("needs two physical cores")
+    yield cpus
+
+
+def test_exec_with_affinity_on_this_machine(two_cpus: list[int]) -> None:
+    cores = read_node("/").cores
+    done = run_bind("--local-rank", "1", "--ranks-per-node", str(len(cores)))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cpus"] == [cores[1].threads[0]]
+    assert done.stderr.startswith(f"scalerun bind: local rank 1 of {len(cores)} (flags) -> no GPU")
+
+
+def test_exec_on_a_gpu_node_sets_visibility_and_keeps_a_launcher_binding(trees: TreeCache) -> None:
+    """This machine's CPUs are not the DGX's: the plan is crowded, so affinity stays as it is."""
+    done = run_bind("--sysfs", str(trees.root("dgx_h100")), env={"LOCAL_RANK": "3"})
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert report["cpus"] == sorted(os.sched_getaffinity(0))
+    assert report["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+    assert report["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "GPU 3 (0000:61:00.0)" in done.stderr and "affinity left as is" in done.stderr
+
+
+def test_quiet_prints_nothing(trees: TreeCache) -> None:
+    done = run_bind("-q", "--sysfs", str(trees.root("lumig")), "--local-rank", "0")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert json.loads(done.stdout)["env"]["ROCR_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "message"),
+    [([], "no command given"), (["--", "/nonexistent/tool"], "cannot run '/nonexistent/tool'")],
+)
+def test_command_errors(trees: TreeCache, capsys, cmd: list[str], message: str) -> None:
+    code = main(
+        [
+            "bind",
+            "-q",
+            "--sysfs",
+            str(trees.root("dense")),
+            "--local-rank",
+            "0",
+            "--ranks-per-node",
+            "8",
+            *cmd,
+        ]
+    )  # crowded: this process's affinity is untouched
+    assert code == 2 and message in capsys.readouterr().err
