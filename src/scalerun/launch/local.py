@@ -9,6 +9,7 @@ line that names the rank that failed and how.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -113,6 +114,9 @@ def run_local(request: LocalLaunch) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     os.environ.update(rank_environment(request, dict(os.environ)))
+    if not request.verbose:
+        # elastic logs each stop and failure at length; scalerun prints one line instead
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = torchrun.parse_args(torchrun_argv(request))
     if request.verbose:
         print("scalerun launch: torchrun " + " ".join(torchrun_argv(request)), file=sys.stderr)

@@ -1,0 +1,292 @@
+"""Launch overhead: does ``scalerun launch`` start ranks as fast as ``torchrun``?
+
+What is timed: from just before ``subprocess.Popen`` of the launch command to the
+moment every rank has passed ``init()`` and one barrier. Rank 0 writes ``time.time()``
+to a file right after the barrier (it can only leave the barrier once every rank has
+entered it); the benchmark subtracts its own ``time.time()`` taken before ``Popen``.
+Both are wall-clock times of the same machine. Also recorded: the whole command's wall
+time until the launcher exits (``total``), and the CPU seconds (user + system) the
+launcher and its ranks used (``cpu``, from ``getrusage(RUSAGE_CHILDREN)``). On a machine
+shared with other jobs the wall times swing by seconds with the load; the CPU seconds
+barely move, so they show best whether scalerun does extra work.
+
+Three ways to start the same ranks, run alternately (the order rotates every
+repetition, so none is always first after a pause), several times each:
+
+- ``scalerun``: ``scalerun launch --standalone --nproc-per-node N this_file --probe ...``;
+  each rank calls ``scalerun.init()`` and ``scalerun.barrier()``;
+- ``torchrun``: ``torchrun --standalone --nproc-per-node N this_file --probe ...``; the
+  same rank code (``scalerun.init`` works under torchrun);
+- ``torchrun+torch``: torchrun with a rank that calls ``torch.distributed``'s own
+  ``init_process_group("gloo")`` and ``barrier()``: the floor, without scalerun at all.
+
+Besides ratios of medians, the report gives the median of the scalerun - torchrun
+difference within each round, where the two ran seconds apart under the same load.
+
+``--standalone`` on both sides picks a free port, so runs never collide on 29500 with
+other jobs on the machine. ``OMP_NUM_THREADS=1`` is set for all, so neither launcher
+prints its thread warning or chooses threads differently.
+
+    python benchmarks/launch.py                      # 1, 2, 4 ranks, 5 repetitions
+    python benchmarks/launch.py --ranks 1 2 --repeat 3 --out /tmp/launch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+THIS_FILE = Path(__file__).resolve()
+BIN = Path(sys.executable).parent  # scalerun and torchrun live beside this python
+VARIANTS = ("scalerun", "torchrun", "torchrun+torch")
+TIMEOUT_S = 300.0
+
+
+# --- inside each rank ------------------------------------------------------------------
+
+
+def probe_rank(stamp: Path, plain_torch: bool) -> None:
+    """Join the job, pass one barrier; rank 0 then writes the time it got through."""
+    if plain_torch:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        dist.barrier()
+        is_main = dist.get_rank() == 0
+    else:
+        import scalerun
+
+        ctx = scalerun.init()
+        scalerun.barrier()
+        is_main = ctx.is_main
+    passed = time.time()
+    if is_main:
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(repr(passed))
+        os.replace(tmp, stamp)  # the benchmark never reads half a number
+    if plain_torch:
+        dist.destroy_process_group()
+    else:
+        scalerun.shutdown()
+
+
+# --- the benchmark ---------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    """Timings of one launcher at one rank count; index i of each list is round i."""
+
+    variant: str
+    ranks: int
+    ready_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+
+    def median(self, key: str) -> float:
+        return statistics.median(getattr(self, key))
+
+    def summary(self) -> dict:
+        medians = {f"{key}_median": self.median(key) for key in ("ready_s", "total_s", "cpu_s")}
+        return {**asdict(self), **medians}
+
+
+def launch_command(variant: str, ranks: int, stamp: Path) -> list[str]:
+    probe = [str(THIS_FILE), "--probe", str(stamp)]
+    if variant == "scalerun":
+        return [
+            str(BIN / "scalerun"),
+            "launch",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            *probe,
+        ]
+    torchrun = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}"]
+    return [*torchrun, *probe, *(["--plain-torch"] if variant == "torchrun+torch" else [])]
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of all finished descendants (the ranks included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(variant: str, ranks: int, workdir: Path) -> tuple[float, float, float]:
+    """(seconds to every rank past the barrier, seconds to exit, CPU seconds used)."""
+    stamp = workdir / f"{variant}-{ranks}.stamp"
+    stamp.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = launch_command(variant, ranks, stamp)
+    cpu_before = children_cpu_s()
+    started = time.time()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    total = time.time() - started
+    if done.returncode != 0 or not stamp.exists():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}):\n{tail}")
+    return float(stamp.read_text()) - started, total, children_cpu_s() - cpu_before
+
+
+def run_benchmark(rank_counts: Sequence[int], repeat: int, warmup: int) -> list[Samples]:
+    results = {(v, n): Samples(v, n) for n in rank_counts for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp:
+        for _ in range(warmup):  # untimed: fills the page cache, writes .pyc files
+            for n in rank_counts:
+                for variant in VARIANTS:
+                    time_once(variant, n, Path(tmp))
+        for rnd in range(repeat):
+            for n in rank_counts:
+                shift = rnd % len(VARIANTS)  # rotate: none is always first after a pause
+                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                    ready, total, cpu = time_once(variant, n, Path(tmp))
+                    samples = results[variant, n]
+                    samples.ready_s.append(ready)
+                    samples.total_s.append(total)
+                    samples.cpu_s.append(cpu)
+                    print(
+                        f"  round {rnd + 1}/{repeat} ranks {n} {variant:15s} ready {ready:6.3f} s"
+                        f"  total {total:6.3f} s  cpu {cpu:6.2f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    return list(results.values())
+
+
+def compare(
+    results: list[Samples], ranks: int, over: str = "scalerun", under: str = "torchrun"
+) -> dict:
+    """How ``over`` differs from ``under``: ratios of medians, and the median of the
+    differences within each round (the two ran seconds apart, under the same load)."""
+    by = {(s.variant, s.ranks): s for s in results}
+    a, b = by[over, ranks], by[under, ranks]
+    paired = [x - y for x, y in zip(a.ready_s, b.ready_s, strict=True)]
+    return {
+        "ready_ratio": a.median("ready_s") / b.median("ready_s"),
+        "total_ratio": a.median("total_s") / b.median("total_s"),
+        "cpu_ratio": a.median("cpu_s") / b.median("cpu_s"),
+        "ready_paired_diff_median_s": statistics.median(paired),
+        "ready_paired_diff_s": paired,
+    }
+
+
+def render_table(results: list[Samples], rank_counts: Sequence[int]) -> str:
+    lines = [
+        "ranks  launcher         ready median (min-max)     total median  CPU s median",
+        "-----  ---------------  -------------------------  ------------  ------------",
+    ]
+    for s in sorted(results, key=lambda r: (r.ranks, VARIANTS.index(r.variant))):
+        spread = f"({min(s.ready_s):.2f}-{max(s.ready_s):.2f})"
+        lines.append(
+            f"{s.ranks:5d}  {s.variant:15s}  {s.median('ready_s'):7.3f} s {spread:15s}"
+            f"  {s.median('total_s'):10.3f} s  {s.median('cpu_s'):10.2f} s"
+        )
+    lines += [
+        "",
+        "ranks  scalerun/torchrun: ready  total  CPU s   ready, same-round difference (median)",
+        "-----  ------------------------  -----  -----   -------------------------------------",
+    ]
+    for n in rank_counts:
+        c = compare(results, n)
+        lines.append(
+            f"{n:5d}  {c['ready_ratio']:24.3f}  {c['total_ratio']:5.3f}  {c['cpu_ratio']:5.3f}"
+            f"   {c['ready_paired_diff_median_s']:+.3f} s"
+        )
+    c1 = [compare(results, n, "torchrun", "torchrun+torch")["ready_ratio"] for n in rank_counts]
+    lines.append("")
+    lines.append(
+        "torchrun with scalerun.init / with torch's init_process_group (ready): "
+        + ", ".join(f"{n} ranks {r:.3f}" for n, r in zip(rank_counts, c1, strict=True))
+    )
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import torch
+
+    import scalerun
+
+    return {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "scalerun": scalerun.__version__,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def write_json(path: Path, results: list[Samples], args: argparse.Namespace, env: dict) -> None:
+    report = {
+        "benchmark": "launch",
+        "measures": "seconds from before Popen to rank 0 past init() + one barrier (ready_s), "
+        "to the launcher's exit (total_s), and CPU seconds of the command and its ranks (cpu_s)",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["python", *sys.argv]),
+        "repeat": args.repeat,
+        "environment": {**env, "loadavg_1m_after": os.getloadavg()[0]},
+        "results": [s.summary() for s in results],
+        "scalerun_vs_torchrun": {str(n): compare(results, n) for n in args.ranks},
+        "torchrun_scalerun_init_vs_torch_init": {
+            str(n): compare(results, n, "torchrun", "torchrun+torch") for n in args.ranks
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Time scalerun launch against torchrun.")
+    parser.add_argument(
+        "--ranks", type=int, nargs="+", default=[1, 2, 4], help="local rank counts (default 1 2 4)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="timed runs per launcher and rank count (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs of each first (default 1)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/launch.json"), help="JSON report"
+    )
+    parser.add_argument(
+        "--probe", type=Path, help=argparse.SUPPRESS
+    )  # rank mode, used by the launches
+    parser.add_argument("--plain-torch", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.probe:
+        probe_rank(args.probe, args.plain_torch)
+        return 0
+    env = environment()
+    print(
+        f"launch benchmark: {args.repeat} x {len(VARIANTS)} launchers x ranks {args.ranks} "
+        f"on {env['cpus']} CPUs (load {env['loadavg_1m']:.2f})",
+        file=sys.stderr,
+    )
+    try:
+        results = run_benchmark(args.ranks, args.repeat, args.warmup)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        print(f"launch.py: error: {error}", file=sys.stderr)
+        return 1
+    print(render_table(results, args.ranks))
+    write_json(args.out, results, args, env)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
