@@ -1,0 +1,155 @@
+"""Where site profiles are found, and how one refines another.
+
+Why: sites ship with scalerun, but a user needs their own account and a project may
+pin its own partition, without copying the whole LUMI profile. Profiles are looked up
+in three folders, first match wins:
+
+1. ``./.scalerun/sites/`` in the current project folder;
+2. ``$XDG_CONFIG_HOME/scalerun/sites/`` (``~/.config/scalerun/sites/`` by default);
+3. the profiles shipped in this package (``lumi-g``, ``nvidia``, ``local``).
+
+A profile may say ``extends = "lumi-g"``: it then starts from the ``lumi-g`` found in the
+folders *after* its own (so a user's ``lumi-g.toml`` can extend the shipped ``lumi-g``),
+tables are merged key by key and lists are replaced.
+
+This module reads files only; it never reads hardware or SLURM.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scalerun.errors import SiteError
+from scalerun.sites.profile import SiteProfile, build
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SHIPPED = Path(__file__).parent
+PROJECT_SUBDIR = Path(".scalerun") / "sites"
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One place profiles are read from, with a label users see in ``scalerun sites``."""
+
+    label: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    """A profile file found in one of the folders."""
+
+    name: str
+    path: Path
+    layer: int
+    """Index of its folder in the search order (0 wins)."""
+    label: str
+
+
+def site_folders(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> list[Folder]:
+    """The folders searched, in order: project, user, shipped."""
+    env = os.environ if environ is None else environ
+    config_home = Path(
+        env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")).expanduser() / ".config"
+    )
+    return [
+        Folder("project", (cwd or Path.cwd()) / PROJECT_SUBDIR),
+        Folder("user", config_home / "scalerun" / "sites"),
+        Folder("shipped", SHIPPED),
+    ]
+
+
+def find_sites(folders: list[Folder]) -> list[SiteEntry]:
+    """Every profile file in every folder, in search order (shadowed ones included)."""
+    entries = []
+    for layer, folder in enumerate(folders):
+        if folder.path.is_dir():
+            entries += [
+                SiteEntry(p.stem, p, layer, folder.label)
+                for p in sorted(folder.path.glob("*.toml"))
+            ]
+    return entries
+
+
+def load_site(name: str, folders: list[Folder] | None = None) -> SiteProfile:
+    """The profile called ``name`` (or the file at path ``name``), validated."""
+    folders = site_folders() if folders is None else folders
+    if name.endswith(".toml") or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise SiteError(f"site file {name} does not exist; give a profile name or a .toml path")
+        return _profile(_read(path), path, folders, layer=-1)
+    entry = _find(name, folders, below=-1)
+    return _profile(_read(entry.path), entry.path, folders, layer=entry.layer)
+
+
+def _find(name: str, folders: list[Folder], below: int) -> SiteEntry:
+    """The first profile ``name`` in a folder after index ``below``."""
+    entries = find_sites(folders)
+    for entry in entries:
+        if entry.name == name and entry.layer > below:
+            return entry
+    known = sorted({entry.name for entry in entries})
+    where = ", ".join(str(folder.path) for folder in folders[below + 1 :])
+    raise SiteError(f"no site profile {name!r} in {where}; known: {', '.join(known) or 'none'}")
+
+
+def _profile(table: dict[str, Any], path: Path, folders: list[Folder], layer: int) -> SiteProfile:
+    merged = _resolve_extends(table, path, folders, layer)
+    merged.setdefault("name", path.stem)
+    if merged["name"] != path.stem and layer >= 0:
+        raise SiteError(
+            f"{path}: name: {merged['name']!r} differs from the file name {path.stem!r}"
+        )
+    return replace(build(SiteProfile, merged, file=path), source=str(path))
+
+
+def _resolve_extends(
+    table: dict[str, Any], path: Path, folders: list[Folder], layer: int
+) -> dict[str, Any]:
+    """Merge the chain of ``extends`` under ``table`` (the base first, this file last).
+
+    The base is looked up only in folders after this file's, so a chain cannot loop.
+    """
+    base_name = table.get("extends")
+    if base_name is None:
+        return dict(table)
+    if not isinstance(base_name, str):
+        raise SiteError(f"{path}: extends: expected a profile name string, got {base_name!r}")
+    try:
+        base = _find(base_name, folders, below=layer)
+    except SiteError as error:
+        raise SiteError(f"{path}: extends: {error}") from None
+    base_table = _resolve_extends(_read(base.path), base.path, folders, base.layer)
+    base_table.pop("name", None)
+    return merge_tables(base_table, table)
+
+
+def merge_tables(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Tables merge key by key; any other value (lists included) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_tables(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise SiteError(f"{path}: not valid TOML: {error}") from None
+    except OSError as error:
+        raise SiteError(f"{path}: cannot be read: {error.strerror}") from None

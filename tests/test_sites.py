@@ -1,0 +1,207 @@
+"""Site profiles: the shipped facts, the search folders, ``extends``, and broken files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scalerun.cli import main
+from scalerun.errors import SiteError
+from scalerun.sites import Folder, find_sites, load_site, site_folders
+
+SHIPPED = Path(__file__).resolve().parents[1] / "src" / "scalerun" / "sites"
+
+LUMI_FACTS = [
+    # attribute path, value (docs.lumi-supercomputer.eu and the course job scripts)
+    ("slurm.partition", "standard-g"),
+    ("slurm.partitions", ("standard-g", "small-g", "dev-g")),
+    ("slurm.mem_per_gpu", "60G"),
+    ("slurm.cpus_per_gpu", 7),
+    ("node.gpus", 8),
+    ("node.gpu_vendor", "amd"),
+    ("node.usable_cores", 56),
+    ("node.reserved_cores", (0, 8, 16, 24, 32, 40, 48, 56)),
+    ("network.interfaces", ("hsn0", "hsn1", "hsn2", "hsn3")),
+    ("container.runtime", "singularity"),
+    (
+        "task_env",
+        {
+            "MIOPEN_USER_DB_PATH": "/tmp/${USER}-miopen-cache-${SLURM_NODEID}",
+            "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/${USER}-miopen-cache-${SLURM_NODEID}",
+        },
+    ),
+]
+
+
+def attribute(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+@pytest.mark.parametrize(("path", "value"), LUMI_FACTS)
+def test_lumi_g_profile(path, value):
+    assert attribute(load_site("lumi-g"), path) == value
+
+
+def test_lumi_g_binds_the_slingshot_libraries():
+    binds = load_site("lumi-g").container.binds
+    assert {"/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1"} <= set(binds)
+
+
+@pytest.mark.parametrize("name", ["lumi-g", "nvidia", "local"])
+def test_shipped_profiles_load_and_name_their_file(name):
+    profile = load_site(name)
+    assert profile.name == name and profile.source == str(SHIPPED / f"{name}.toml")
+
+
+def folders(tmp_path: Path) -> list[Folder]:
+    project, user = tmp_path / "project", tmp_path / "user"
+    project.mkdir(exist_ok=True)
+    user.mkdir(exist_ok=True)
+    return [Folder("project", project), Folder("user", user), Folder("shipped", SHIPPED)]
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def test_search_order_project_then_user_then_shipped(tmp_path):
+    found = folders(tmp_path)
+    write(found[1].path, "lumi-g", 'extends = "lumi-g"\n[slurm]\naccount = "project_user"\n')
+    write(found[0].path, "lumi-g", 'extends = "lumi-g"\n[slurm]\npartition = "small-g"\n')
+    profile = load_site("lumi-g", found)
+    # project refines user, which refines shipped: every layer's change is kept
+    assert (profile.slurm.partition, profile.slurm.account, profile.slurm.cpus_per_gpu) == (
+        "small-g",
+        "project_user",
+        7,
+    )
+    assert profile.source == str(found[0].path / "lumi-g.toml")
+    assert [(e.name, e.label) for e in find_sites(found) if e.name == "lumi-g"] == [
+        ("lumi-g", "project"),
+        ("lumi-g", "user"),
+        ("lumi-g", "shipped"),
+    ]
+
+
+def test_a_user_profile_of_its_own(tmp_path):
+    found = folders(tmp_path)
+    write(
+        found[1].path,
+        "mycluster",
+        'extends = "nvidia"\n[slurm]\npartition = "gpu"\n[node]\ngpus = 4\n',
+    )
+    profile = load_site("mycluster", found)
+    assert (profile.name, profile.slurm.partition, profile.node.gpus, profile.node.gpu_vendor) == (
+        "mycluster",
+        "gpu",
+        4,
+        "nvidia",
+    )
+
+
+def test_default_folders(tmp_path):
+    labels = site_folders(cwd=tmp_path, environ={"HOME": "/home/ann"})
+    assert [(f.label, f.path) for f in labels] == [
+        ("project", tmp_path / ".scalerun" / "sites"),
+        ("user", Path("/home/ann/.config/scalerun/sites")),
+        ("shipped", SHIPPED),
+    ]
+    assert site_folders(cwd=tmp_path, environ={"XDG_CONFIG_HOME": "/x"})[1].path == Path(
+        "/x/scalerun/sites"
+    )
+
+
+BROKEN = [
+    # profile text, what the one-line error must say after "<file>: "
+    ("[slurm]\npartiton = 'x'\n", "slurm.partiton: unknown key"),
+    ("[node]\ngpus = 'eight'\n", "node.gpus: expected int, got a string 'eight'"),
+    ("[node]\ngpus = true\n", "node.gpus: expected int, got a boolean True"),
+    ("[node]\ngpus = -1\n", "node.gpus: -1 must be 0 or more"),
+    ("[node]\ngpu_vendor = 'intel'\n", "node.gpu_vendor: 'intel' is not one of amd, nvidia, none"),
+    ("[node]\ncores = 8\nreserved_cores = [0, 8]\n", "node.reserved_cores: [8] are not cores"),
+    ("[slurm]\ntime = '1h'\n", "slurm.time: '1h' is not a SLURM time"),
+    ("[slurm]\nmem_per_gpu = '60 GB'\n", "slurm.mem_per_gpu: '60 GB' is not a SLURM memory size"),
+    (
+        "[slurm]\npartition = 'big'\npartitions = ['small']\n",
+        "slurm.partition: 'big' is not in partitions",
+    ),
+    (
+        "[slurm]\ncpus_per_gpu = 8\n[node]\ngpus = 8\ncores = 56\n",
+        "slurm.cpus_per_gpu: 8 x 8 GPUs is more than the 56",
+    ),
+    ("[slurm]\nsbatch_args = '--x'\n", "slurm.sbatch_args: expected a list, got a string"),
+    ("[slurm]\nsbatch_args = ['-C x']\n", "slurm.sbatch_args[0]: '-C x' is not a long option"),
+    ("[node]\nreserved_cores = [0]\n", "node.reserved_cores: needs node.cores"),
+    ("[env]\n'1BAD' = 'x'\n", "env.1BAD: is not a valid environment variable name"),
+    ("[env]\nX = 1\n", "env.X: expected str, got an integer 1"),
+    ("[container]\nbinds = ['/a,/b']\n", "container.binds[0]: '/a,/b': a bind is SRC[:DST[:OPTS]]"),
+    (
+        "[container]\nruntime = 'docker'\n",
+        "container.runtime: 'docker' is not one of singularity, apptainer",
+    ),
+    ("slurm = 3\n", "slurm: expected a table [slurm], got an integer"),
+    ("name = 'other'\n", "name: 'other' differs from the file name 'broken'"),
+    ("extends = 'nowhere'\n", "extends: no site profile 'nowhere'"),
+    ("[slurm\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BROKEN)
+def test_a_broken_profile_names_file_key_and_problem(tmp_path, text, message):
+    found = folders(tmp_path)
+    path = write(found[1].path, "broken", text)
+    with pytest.raises(SiteError) as caught:
+        load_site("broken", found)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_extends_looks_only_below_so_it_cannot_loop(tmp_path):
+    found = folders(tmp_path)
+    write(found[0].path, "a", 'extends = "b"\n')
+    write(found[1].path, "b", 'extends = "a"\n')
+    with pytest.raises(SiteError, match="extends: no site profile 'a'"):
+        load_site("a", found)
+
+
+def test_unknown_name_lists_the_known_ones(tmp_path):
+    with pytest.raises(SiteError, match="no site profile 'lumi' in .*known: local, lumi-g, nvidia"):
+        load_site("lumi", folders(tmp_path))
+
+
+def test_sites_command_lists_and_shows(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    write_to = tmp_path / ".scalerun" / "sites"
+    write_to.mkdir(parents=True)
+    write(write_to, "local", 'extends = "local"\ndescription = "my laptop"\n')
+    assert main(["sites"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["local", "project"],
+        ["local", "shipped"],
+        ["lumi-g", "shipped"],
+        ["nvidia", "shipped"],
+    ]
+    assert "my laptop" in lines[1] and "hidden by the one above" in lines[2]
+    assert main(["sites", "show", "lumi-g"]) == 0
+    shown = capsys.readouterr().out
+    assert 'partition = "standard-g"' in shown and "[task_env]" in shown
+    assert main(["sites", "show", "lumi-g", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slurm"]["cpus_per_gpu"] == 7
+
+
+def test_sites_command_reports_a_broken_profile_in_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".scalerun" / "sites").mkdir(parents=True)
+    write(tmp_path / ".scalerun" / "sites", "x", "[node]\ngpus = 'many'\n")
+    assert main(["sites", "show", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x.toml: node.gpus: expected int" in err
