@@ -32,5 +32,13 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests examples benchmarks
 
+# A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
+# clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf
+cluster-up:
+	$(PYTHON) tests/cluster/cluster.py up
+
+cluster-down:
+	$(PYTHON) tests/cluster/cluster.py down
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

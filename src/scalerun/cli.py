@@ -19,7 +19,15 @@ from scalerun.errors import ScalerunError
 # Order is the order ``scalerun --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "launch",
+    "jobscript",
+    "exec",
+    "sites",
+    "doctor",
+    "topo", "bind",
+    "env",
 )
+# Commands whose name is a Python builtin live in a module with a trailing underscore.
+MODULE_OF_COMMAND = {"exec": "exec_"}
 
 EXIT_USER_ERROR = 2
 
@@ -43,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMANDS:
-        module = importlib.import_module(f"scalerun.commands.{name.replace('-', '_')}")
+        module_name = MODULE_OF_COMMAND.get(name, name.replace("-", "_"))
+        module = importlib.import_module(f"scalerun.commands.{module_name}")
         module.add_parser(subparsers)
     return parser
 

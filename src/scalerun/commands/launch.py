@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from scalerun.errors import LaunchError
+from scalerun.launch import slurm_cli
 from scalerun.launch.local import LocalLaunch, run_local
 
 
@@ -39,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="SCRIPT is an executable, not a Python file")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="each rank prints one placement report line at start")
+    slurm_cli.add_arguments(p)
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -88,4 +90,6 @@ def request_from_args(args: argparse.Namespace) -> LocalLaunch:
 
 
 def run(args: argparse.Namespace) -> int:
+    if slurm_cli.wants_slurm(args):
+        return slurm_cli.run(args)
     return run_local(request_from_args(args))

@@ -1,0 +1,202 @@
+"""Hand a job script to SLURM and follow it: ``sbatch``, ``bash`` inside an allocation, states.
+
+Why: a launcher is only useful if it says how the job ended. ``sbatch`` returns at once;
+``--wait`` here follows the job (its log streamed to our stdout) to its final state and
+turns that into an exit code and one line naming the rank that failed and its node,
+read from srun's or torchrun's own report in the log.
+
+This module does the I/O around :mod:`scalerun.launch.slurm`: it writes the script,
+runs ``sbatch``/``scontrol``/``bash``, reads the log. It decides nothing about the job's
+content and never edits the script text.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalerun.errors import LaunchError
+
+SCRIPT_NAME = "job.sbatch"
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
+# srun: "srun: error: nid000002: task 3: Exited with exit code 1" / "tasks 2-3: Killed"
+SRUN_FAILURE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
+# torchrun's ChildFailedError report: "host : nid000002", "rank : 3 (local_rank: 1)", "exitcode : 1"
+TORCHRUN_FIELD = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(\S+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank that ended badly, as the launcher reported it."""
+
+    rank: str
+    node: str
+    how: str
+
+    def __str__(self) -> str:
+        word = "ranks" if any(sep in self.rank for sep in ",-") else "rank"
+        return f"{word} {self.rank} on {self.node} {self.how}"
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended: SLURM's state and the exit code scalerun returns."""
+
+    job_id: str
+    state: str
+    exit_code: int
+
+
+def write_script(text: str, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SCRIPT_NAME
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def _tool(
+    name: str, args: list[str], environ: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [name, *args], env=dict(environ), capture_output=True, text=True, timeout=60
+        )
+    except FileNotFoundError:
+        raise LaunchError(
+            f"{name} is not on PATH: run on a SLURM login node, or write the script only "
+            "(scalerun jobscript, or --dry-run)"
+        ) from None
+
+
+def submit(script: Path, environ: Mapping[str, str]) -> str:
+    """``sbatch --parsable SCRIPT``; returns the job id or raises sbatch's own complaint."""
+    done = _tool("sbatch", ["--parsable", str(script)], _without_job_vars(environ))
+    if done.returncode != 0:
+        reason = " ".join(done.stderr.split()) or f"exit code {done.returncode}"
+        raise LaunchError(f"sbatch refused {script}: {reason}")
+    return done.stdout.strip().split(";")[0]
+
+
+def _without_job_vars(environ: Mapping[str, str]) -> dict[str, str]:
+    """Drop a surrounding job's SLURM_* so they do not leak into the new job's request."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("SLURM_JOB", "SLURM_STEP")) or k == "SLURM_CONF"
+    }
+
+
+def job_state(job_id: str, environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """(state, exit code) from ``scontrol show job``, or None once SLURM has forgotten it."""
+    done = _tool("scontrol", ["show", "job", "-o", job_id], environ)
+    if done.returncode != 0:
+        return None
+    fields = dict(part.split("=", 1) for part in done.stdout.split() if "=" in part)
+    return fields.get("JobState", "UNKNOWN"), exit_code_of(fields.get("ExitCode", "0:0"))
+
+
+def exit_code_of(slurm_exit: str) -> int:
+    """SLURM's ``code:signal`` as a shell would report it (128 + signal when killed)."""
+    code, _, sig = slurm_exit.partition(":")
+    if int(code or 0):
+        return int(code)
+    return 128 + int(sig) if int(sig or 0) else 0
+
+
+def follow(job_id: str, log: Path, environ: Mapping[str, str], poll_s: float = 1.0) -> JobEnd:
+    """Stream the job's log to stdout until SLURM reports a final state.
+
+    A running job is asked about every ``poll_s``; a pending one ever less often (up to
+    30 s), so that a long queue wait does not load the site's slurmctld.
+    """
+    offset, pending_wait = 0, poll_s
+    while True:
+        state = job_state(job_id, environ)
+        offset = _stream(log, offset)
+        if state is None:
+            raise LaunchError(
+                f"job {job_id} is no longer known to scontrol; check sacct -j {job_id}"
+            )
+        if state[0] in FINAL_STATES:
+            time.sleep(0.5)  # the log may be flushed after the state changes
+            _stream(log, offset)
+            code = state[1] if state[0] == "COMPLETED" else (state[1] or 1)
+            return JobEnd(job_id, state[0], code)
+        pending_wait = min(pending_wait * 1.5, 30.0) if state[0] == "PENDING" else poll_s
+        time.sleep(pending_wait)
+
+
+def _stream(log: Path, offset: int) -> int:
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return offset
+    sys.stdout.write(chunk.decode(errors="replace"))
+    sys.stdout.flush()
+    return offset + len(chunk)
+
+
+def run_in_allocation(script: Path, environ: Mapping[str, str]) -> tuple[int, str]:
+    """Run the job script with bash inside the current allocation; (exit code, its stderr)."""
+    process = subprocess.Popen(
+        ["bash", str(script)], env=dict(environ), stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
+    captured = []
+    for line in process.stderr:
+        sys.stderr.write(line)
+        captured.append(line)
+    return process.wait(), "".join(captured)
+
+
+def failed_ranks(log_text: str) -> list[RankFailure]:
+    """The ranks that failed, first the ones that exited with an error, then the killed ones."""
+    torchrun = _torchrun_failures(log_text)
+    if torchrun:
+        return torchrun
+    failures = []
+    for node, tasks, how in SRUN_FAILURE.findall(log_text):
+        failures.append(RankFailure(tasks, node, how.strip().lower()))
+    return sorted(failures, key=lambda failure: "exit code" not in failure.how)
+
+
+def _torchrun_failures(log_text: str) -> list[RankFailure]:
+    """torchrun's report names the global rank and host of the first failed worker."""
+    if "ChildFailedError" not in log_text and "Root Cause" not in log_text:
+        return []
+    failures, current = [], {}
+    for key, value in TORCHRUN_FIELD.findall(log_text.split("Root Cause", 1)[-1]):
+        current[key] = value
+        if {"host", "rank", "exitcode"} <= current.keys():
+            failures.append(
+                RankFailure(
+                    current["rank"], current["host"], f"exited with code {current['exitcode']}"
+                )
+            )
+            current = {}
+    return failures
+
+
+def failure_summary(log_text: str) -> str:
+    failures = failed_ranks(log_text)
+    return "; ".join(str(failure) for failure in failures[:4]) or "no rank reported a failure"

@@ -1,0 +1,1 @@
+"""The SLURM test cluster (``python tests/cluster/cluster.py up|down|status``)."""

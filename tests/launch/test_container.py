@@ -1,0 +1,127 @@
+"""Container wrapping: runtime choice, bind checks, and the command a task really runs.
+
+No container runtime installs on this machine, so a stand-in ``singularity`` on PATH
+records its arguments and environment, then runs what follows the image, as
+``singularity exec`` does. The real-cluster version is in tests/test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalerun.errors import LaunchError
+from scalerun.launch.container import Container, check_bind, exec_words, pick_runtime
+
+REPO = Path(__file__).resolve().parents[2]
+
+RUNTIMES = [
+    # flag, site default, on PATH, chosen (None: error)
+    ("apptainer", "singularity", {"singularity"}, "apptainer"),
+    (None, "singularity", {"singularity", "apptainer"}, "singularity"),
+    (None, "apptainer", {"singularity", "apptainer"}, "apptainer"),
+    (None, None, {"apptainer"}, "apptainer"),
+    (None, None, {"singularity", "apptainer"}, "singularity"),
+    (None, "singularity", set(), "singularity"),  # a script written off-cluster
+    (None, None, set(), None),
+]
+
+
+@pytest.mark.parametrize(("flag", "site", "on_path", "chosen"), RUNTIMES)
+def test_runtime_choice(flag, site, on_path, chosen):
+    def which(name: str) -> str | None:
+        return f"/usr/bin/{name}" if name in on_path else None
+
+    if chosen is None:
+        with pytest.raises(LaunchError, match="neither singularity nor apptainer"):
+            pick_runtime(flag, site, which)
+    else:
+        assert pick_runtime(flag, site, which) == chosen
+
+
+BINDS = [
+    ("/opt/cray", True),
+    ("/scratch/p:/data", True),
+    ("/scratch/p:/data:ro", True),
+    ("/a,/b", False),  # -B would split it into two binds
+    ("", False),
+    (":/data", False),
+    ("/a:/b:ro:x", False),
+]
+
+
+@pytest.mark.parametrize(("bind", "ok"), BINDS)
+def test_binds(bind, ok):
+    if ok:
+        check_bind(bind)
+    else:
+        with pytest.raises(LaunchError, match="SRC\\[:DST\\[:OPTS\\]\\]"):
+            check_bind(bind)
+
+
+def test_exec_words_keep_bind_order():
+    box = Container(image="/i/pt.sif", runtime="apptainer", binds=("/opt/cray", "/s:/d"))
+    assert exec_words(box) == ["apptainer", "exec", "-B", "/opt/cray", "-B", "/s:/d", "/i/pt.sif"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(image="x.sif", runtime="docker"), "not one of singularity, apptainer"),
+        (dict(image="", runtime="singularity"), "needs an image path"),
+    ],
+)
+def test_container_refuses(fields, message):
+    with pytest.raises(LaunchError, match=message):
+        Container(**fields)
+
+
+STAND_IN = """#!/bin/bash
+# Stand-in for singularity: records argv and the rank variables, runs what follows the image.
+python3 -c 'import json, os, sys; json.dump({"argv": sys.argv[1:], "RANK": os.environ.get("RANK"),
+    "MASTER_ADDR": os.environ.get("MASTER_ADDR")}, open(os.environ["RECORD"], "w"))' "$@"
+shift; while [[ "$1" == -B ]]; do shift 2; done; shift
+exec "$@"
+"""
+
+
+def test_a_task_runs_inside_the_container_with_its_rank_variables(tmp_path):
+    """The srun task's command, from scalerun exec through the runtime to the script."""
+    (tmp_path / "singularity").write_text(STAND_IN)
+    (tmp_path / "singularity").chmod(0o755)
+    task = (REPO / "tests/fixtures/slurm_env/srun_2x2_task3.txt").read_text()
+    env = dict(line.split("=", 1) for line in task.splitlines() if "=" in line)
+    env.update(PATH=f"{tmp_path}:{os.environ['PATH']}", RECORD=str(tmp_path / "record.json"))
+    box = Container(image="/images/pt.sif", runtime="singularity", binds=("/opt/cray", "/s:/d"))
+    command = [
+        sys.executable,
+        "-m",
+        "scalerun",
+        "exec",
+        "--",
+        *exec_words(box),
+        sys.executable,
+        "-c",
+        "import os; print(os.environ['RANK'], os.environ['LOCAL_RANK'])",
+        "a b",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "1"]
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["argv"][:7] == [
+        "exec",
+        "-B",
+        "/opt/cray",
+        "-B",
+        "/s:/d",
+        "/images/pt.sif",
+        sys.executable,
+    ]
+    assert record["argv"][-1] == "a b"
+    assert (record["RANK"], record["MASTER_ADDR"]) == ("3", "nid000001")
