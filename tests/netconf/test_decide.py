@@ -55,8 +55,19 @@ def test_lumi_rank_gets_the_course_environment() -> None:
     assert env["TOKENIZERS_PARALLELISM"] == ("false", "default")
     assert env["CUDA_DEVICE_ORDER"] == ("PCI_BUS_ID", "default")
     assert env["MIOPEN_USER_DB_PATH"] == ("/tmp/alice-miopen-cache-1", "site")
-    assert env["MIOPEN_CUSTOM_CACHE_DIR"][0] == "/tmp/alice-scalerun-cache-77-node1/miopen"
-    assert env["MIOPEN_USER_DB"][0] == "/tmp/alice-scalerun-cache-77-node1/miopen"
+    # the site names one MIOpen folder: every MIOpen spelling uses it
+    assert env["MIOPEN_CUSTOM_CACHE_DIR"] == ("/tmp/alice-miopen-cache-1", "site")
+    assert env["MIOPEN_USER_DB"] == ("/tmp/alice-miopen-cache-1", "site")
+    assert env["TRITON_CACHE_DIR"][0] == "/tmp/alice-scalerun-cache-77-node1/triton"
+
+
+def test_without_site_miopen_gets_one_folder_per_job_and_node() -> None:
+    decision = decide_environment(rank=RankFacts(gpu_vendor="amd"),
+                                  environ={"USER": "a", "SLURM_JOB_ID": "9", "SLURM_NODEID": "3"})
+    env = env_of(decision)
+    folders = {env[name][0] for name in ("MIOPEN_USER_DB_PATH", "MIOPEN_USER_DB",
+                                         "MIOPEN_CUSTOM_CACHE_DIR")}
+    assert folders == {"/tmp/a-scalerun-cache-9-node3/miopen"}
 
 
 def test_user_settings_win_and_are_reported() -> None:

@@ -9,7 +9,7 @@ prints it, ``scalerun doctor`` checks against it. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from string import Template
 
 from scalerun.netconf.caches import cache_settings
@@ -105,4 +105,21 @@ def _apply_site(
                     "site profile [task_env]")
             for name, value in site_task_env.items()]
     names = {s.name for s in site}
-    return [s for s in settings if s.name not in names] + site
+    kept = [s for s in settings if s.name not in names]
+    return _one_miopen_folder(kept, site) + site
+
+
+MIOPEN_VARIABLES = ("MIOPEN_USER_DB_PATH", "MIOPEN_USER_DB", "MIOPEN_CUSTOM_CACHE_DIR")
+
+
+def _one_miopen_folder(settings: list[Setting], site: list[Setting]) -> list[Setting]:
+    """MIOpen's variables share the site's folder when the site names one for any of them,
+    so that the old and new spellings never point at two different caches."""
+    folder = next((s.value for s in site if s.name in MIOPEN_VARIABLES), None)
+    if folder is None:
+        return settings
+    return [
+        replace(s, value=folder, source="site", reason="the site's MIOpen cache folder")
+        if s.name in MIOPEN_VARIABLES else s
+        for s in settings
+    ]

@@ -1,0 +1,108 @@
+"""``scalerun doctor``: run the doctor's checks on every rank, wherever the ranks are.
+
+Three ways in, one rank program (:mod:`scalerun.doctor.rank`):
+
+- under a launcher (``srun ... scalerun doctor``, torchrun): this process *is* a rank;
+- here (``scalerun doctor --nproc-per-node N``): N local ranks through the local launcher;
+  rank 0 hands the verdict back through a result file, so a FAIL is an exit code, not a
+  "rank failed" message;
+- on SLURM (``scalerun doctor --nodes 2 --site lumi-g``): the SLURM launcher writes and
+  submits the job (or runs it inside the current allocation) and follows it to its end.
+
+This module only picks the way in; it decides no check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args, to_argv
+
+RANK_MODULE = "scalerun.doctor.rank"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from scalerun.launch import slurm_cli
+
+    p = subparsers.add_parser(
+        "doctor",
+        help="check placement, CPU/GPU binding, network and collectives on every rank",
+        description=(
+            "Run the checks on every rank and print a table per node and rank, an all-reduce "
+            "bandwidth sweep and PASS/WARN/FAIL verdicts with fixes; exit 0 only when nothing "
+            "failed. Under srun or torchrun each process runs as its rank; otherwise the ranks "
+            "are started here (--nproc-per-node) or submitted (--nodes and other SLURM flags)."
+        ),
+    )
+    add_check_arguments(p, with_site=False)
+    local = p.add_argument_group("local processes")
+    local.add_argument("--nproc-per-node", type=int, metavar="N",
+                       help="ranks on this machine (default 1); with SLURM flags: ranks per node")
+    slurm_cli.add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def way_in(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """rank (a launcher started us), slurm (SLURM flags given) or local.
+
+    ``--site`` alone stays local: it also tells the checks which interfaces to expect.
+    """
+    from scalerun.launch import slurm_cli
+    from scalerun.placement import launcher_name
+
+    if launcher_name(environ) != "single":
+        return "rank"
+    flags = [dest for dest in slurm_cli.SLURM_DESTS if dest != "site"]
+    if any(getattr(args, dest, None) not in (None, False, []) for dest in flags):
+        return "slurm"
+    return "local"
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalerun.doctor import rank
+
+    options = replace(options_from_args(args), site=args.site)
+    way = way_in(args, os.environ)
+    if way == "rank":
+        return rank.run(options)
+    if way == "slurm":
+        return submit(args, options)
+    return run_here(options, args.nproc_per_node or 1)
+
+
+def run_here(options: DoctorOptions, nproc: int) -> int:
+    """N ranks on this machine; rank 0's report decides the exit code."""
+    from scalerun.doctor import rank
+    from scalerun.launch.local import LocalLaunch, run_local
+    from scalerun.topology import read_online_cpus
+
+    read_online_cpus(options.sysfs)  # a wrong --sysfs is one line here, not an error per rank
+    if nproc == 1:
+        return rank.run(replace(options, expect_world=1))
+    with tempfile.TemporaryDirectory(prefix="scalerun-doctor-") as folder:
+        result = Path(folder) / "report.json"
+        argv = to_argv(replace(options, expect_world=nproc, result_file=str(result)))
+        code = run_local(LocalLaunch(script=RANK_MODULE, script_args=tuple(argv), nproc_per_node=nproc,
+                                     standalone=True, module=True, prefix_output=False))
+        if not result.is_file():
+            return code or 1  # the ranks did not get as far as a report; run_local said why
+        return int(json.loads(result.read_text())["summary"]["exit_code"])
+
+
+def submit(args: argparse.Namespace, options: DoctorOptions) -> int:
+    """Hand the rank program to the SLURM launcher and follow the job: its exit code is ours."""
+    from scalerun.launch import slurm_cli
+
+    args.script, args.module, args.no_python = RANK_MODULE, True, False
+    args.script_args = to_argv(options)
+    args.job_name = args.job_name or "scalerun-doctor"
+    if not args.dry_run:
+        args.wait = True
+    return slurm_cli.run(args)

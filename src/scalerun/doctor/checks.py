@@ -1,0 +1,599 @@
+"""Cross-rank checks: every rank's facts in, a list of PASS/WARN/FAIL verdicts out.
+
+Why pure: a doctor is only trusted if each of its verdicts has been seen to fire, and most
+faults (two ranks on one GCD, a rank bound to the far side of a LUMI node, ``nmn0`` in
+``NCCL_SOCKET_IFNAME``) cannot be produced on a laptop. Here they are fact sets written as
+data. Each check returns at least one verdict, PASS included, so the report shows what
+was looked at; each WARN and FAIL carries the fix.
+
+Nothing here reads the machine or imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+import hostlist
+
+from scalerun.doctor.bisect import Bisection
+from scalerun.doctor.collectives import AllreduceResult, BandwidthRow, BarrierResult
+from scalerun.doctor.facts import Facts
+from scalerun.netconf.interfaces import interface_kind
+from scalerun.topology.cpulist import format_cpulist
+from scalerun.topology.model import Nic
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+SEVERITY = {PASS: 0, WARN: 1, FAIL: 2}
+NODE_LOCAL_PREFIXES = ("/tmp/", "/dev/shm/", "/var/tmp/")
+MUST_MATCH = ("torch", "cuda", "hip", "nccl", "rocm")
+"""Versions that must be equal on every node: collectives of different builds may hang."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding: how bad, which check, what was seen, and what to do about it."""
+
+    level: str
+    check: str
+    message: str
+    fix: str = ""
+    ranks: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+    """One line per rank or node that shows the problem, for the report."""
+
+
+def passed(check: str, message: str) -> Verdict:
+    return Verdict(PASS, check, message)
+
+
+def compact(numbers: Iterable[int]) -> str:
+    """``0-3,8``: rank and CPU lists in the kernel's range syntax."""
+    return format_cpulist(numbers)
+
+
+def exclude_hint(nodes: Iterable[str]) -> str:
+    """The sbatch/srun option that leaves these nodes out, compressed as SLURM writes lists."""
+    return f"--exclude={hostlist.collect_hostlist(sorted(set(nodes)))}"
+
+
+def exclude_value(nodes: Sequence[str]) -> str | None:
+    """:func:`exclude_hint` where the nodes are real host names (not ``host#N`` of one machine)."""
+    if not nodes or any("#" in node for node in nodes):
+        return None
+    return exclude_hint(nodes)
+
+
+def by_host(facts: Sequence[Facts]) -> dict[str, list[Facts]]:
+    """Ranks grouped by machine: CPUs and GPUs are shared per machine, whatever the launcher says."""
+    groups: dict[str, list[Facts]] = defaultdict(list)
+    for fact in sorted(facts, key=lambda f: f.rank):
+        groups[fact.host].append(fact)
+    return dict(groups)
+
+
+def node_labels(facts: Sequence[Facts]) -> dict[int, str]:
+    """Rank -> node name: the host, or ``host#N`` where one host runs several launcher nodes."""
+    node_ranks: dict[str, set[int]] = defaultdict(set)
+    for fact in facts:
+        node_ranks[fact.host].add(fact.node_rank)
+    return {f.rank: f.host if len(node_ranks[f.host]) == 1 else f"{f.host}#{f.node_rank}" for f in facts}
+
+
+def _verdict(level: str, check: str, message: str, fix: str, bad: Sequence[Facts],
+             details: Iterable[str]) -> Verdict:
+    ranks = tuple(sorted({f.rank for f in bad}))
+    nodes = tuple(sorted({f.host for f in bad}))
+    return Verdict(level, check, message, fix, ranks, nodes, tuple(details))
+
+
+# ---------------------------------------------------------------------------
+# Job shape
+# ---------------------------------------------------------------------------
+
+
+def check_world(facts: Sequence[Facts], expect_world: int | None = None) -> list[Verdict]:
+    """The ranks that met are the ranks that were asked for, on every allocated node."""
+    world = facts[0].world_size
+    out: list[Verdict] = []
+    ranks = sorted(f.rank for f in facts)
+    if ranks != list(range(world)):
+        out.append(_verdict(FAIL, "world-size", f"ranks {compact(ranks)} answered but the world size is {world}",
+                            "the launcher's variables disagree: unset stale RANK/WORLD_SIZE exports", facts, ()))
+    if expect_world is not None and expect_world != world:
+        out.append(_verdict(FAIL, "world-size", f"asked for {expect_world} ranks but the job has {world}",
+                            "check --nproc-per-node / --ntasks-per-node against the launcher's world size",
+                            facts, ()))
+    out += _local_sizes(facts) + _idle_nodes(facts) + _idle_gpus(facts)
+    if not out:
+        labels = node_labels(facts)
+        nodes = len(set(labels.values()))
+        out.append(passed("world-size", f"{world} rank(s) on {nodes} node(s), as the launcher says"))
+    return out
+
+
+def _local_sizes(facts: Sequence[Facts]) -> list[Verdict]:
+    labels = node_labels(facts)
+    counts = defaultdict(list)
+    for fact in facts:
+        counts[labels[fact.rank]].append(fact)
+    wrong = [(node, group) for node, group in counts.items()
+             if any(f.local_world_size != len(group) for f in group)]
+    if not wrong:
+        return []
+    details = [f"{node}: {len(group)} rank(s), LOCAL_WORLD_SIZE {group[0].local_world_size}" for node, group in wrong]
+    bad = [f for _, group in wrong for f in group]
+    return [_verdict(FAIL, "world-size", "ranks per node differ from the local world size",
+                     "the launcher's local sizes are wrong: use one launcher's variables, not a mix",
+                     bad, details)]
+
+
+def _idle_nodes(facts: Sequence[Facts]) -> list[Verdict]:
+    """Allocated nodes that run no rank (torchrun started on one node of two, srun -N 1)."""
+    nodelist = facts[0].job.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return []
+    try:
+        allocated = hostlist.expand_hostlist(nodelist)
+    except hostlist.BadHostlist:
+        return []
+    used = {f.host for f in facts}
+    idle = [node for node in allocated if node not in used]
+    if not idle:
+        return []
+    return [_verdict(FAIL, "world-size",
+                     f"{len(idle)} of {len(allocated)} allocated nodes run no rank: {hostlist.collect_hostlist(idle)}",
+                     f"start ranks on every node: srun --nodes={len(allocated)} (torchrun mode: one task per node)",
+                     facts, ())]
+
+
+def _idle_gpus(facts: Sequence[Facts]) -> list[Verdict]:
+    details = []
+    for host, group in by_host(facts).items():
+        gpus = int(group[0].job.get("SLURM_GPUS_ON_NODE", group[0].node_gpus) or 0)
+        used = {f.gpu_pci or (f.gpu_index, tuple(f.visible.items())) for f in group if f.gpu_index is not None}
+        if gpus and 0 < len(used) < gpus:
+            details.append(f"{host}: {len(used)} of {gpus} GPUs in use")
+    if not details:
+        return []
+    return [Verdict(WARN, "world-size", "GPUs of the allocation are idle",
+                    "run one rank per GPU (--nproc-per-node / --gpus-per-node), or ask for fewer GPUs",
+                    details=tuple(details))]
+
+
+# ---------------------------------------------------------------------------
+# Devices
+# ---------------------------------------------------------------------------
+
+
+def check_devices(facts: Sequence[Facts]) -> list[Verdict]:
+    """Every rank found its device, and a GPU node's GPUs are usable from torch."""
+    out: list[Verdict] = []
+    errors = [f for f in facts if f.device_error]
+    if errors:
+        out.append(_verdict(FAIL, "devices", "a rank could not choose its GPU",
+                            "give each rank one GPU (srun --gpus-per-task=1) or let every rank see all GPUs of its node",
+                            errors, (f"rank {f.rank} on {f.host}: {f.device_error}" for f in errors)))
+    blind = [f for f in facts if not f.simulated and f.node_gpus and f.gpu_count == 0 and not f.device_error]
+    if blind:
+        out.append(_verdict(FAIL, "devices", "the node has GPUs but torch sees none", _blind_fix(blind[0]), blind,
+                            (f"rank {f.rank} on {f.host}: {f.node_gpus} GPU(s) on the node, "
+                             f"torch {f.versions.get('torch')} sees 0 ({_shown(f.visible)})" for f in blind)))
+    phantom = [f for f in facts if f.visible and f.gpu_count == 0 and f.node_gpus == 0]
+    if phantom:
+        out.append(_verdict(WARN, "devices", "GPUs were allocated but the node has none that torch can use",
+                            "check that the partition has GPUs (rocm-smi / nvidia-smi on the node)", phantom,
+                            (f"rank {f.rank} on {f.host}: {_shown(f.visible)}" for f in phantom)))
+    out += _uneven_visibility(facts)
+    return out or [passed("devices", _device_summary(facts))]
+
+
+def _blind_fix(fact: Facts) -> str:
+    if not fact.versions.get("cuda") and not fact.versions.get("hip"):
+        return "this torch is a CPU-only build: install torch for ROCm/CUDA, or use the site's container"
+    return "a visibility variable hides them or the driver is missing: check rocm-smi / nvidia-smi on the node"
+
+
+def _shown(visible: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in visible.items()) or "no visibility variable"
+
+
+def _uneven_visibility(facts: Sequence[Facts]) -> list[Verdict]:
+    details = []
+    for host, group in by_host(facts).items():
+        counts = {f.gpu_count for f in group}
+        if len(counts) > 1:
+            details.append(f"{host}: ranks see {', '.join(str(f.gpu_count) for f in group)} GPUs")
+    if not details:
+        return []
+    return [Verdict(WARN, "devices", "ranks of one node see different numbers of GPUs",
+                    "give every rank the same visibility: all GPUs of the node, or exactly one each",
+                    details=tuple(details))]
+
+
+def _device_summary(facts: Sequence[Facts]) -> str:
+    if all(f.gpu_index is None for f in facts):
+        return "every rank computes on the CPU (no GPU in use)"
+    seen = sorted({f.gpu_count for f in facts})
+    return f"every rank computes on a GPU; each sees {' or '.join(map(str, seen))}"
+
+
+def check_gpu_sharing(facts: Sequence[Facts]) -> list[Verdict]:
+    """No two ranks on one GPU unless there are more ranks than GPUs."""
+    groups: dict[tuple, list[Facts]] = defaultdict(list)
+    for fact in facts:
+        if fact.gpu_index is not None:
+            key = fact.gpu_pci or ("visible", tuple(sorted(fact.visible.items())), fact.gpu_index)
+            groups[(fact.host, key)].append(fact)
+    shared = [group for group in groups.values() if len(group) > 1]
+    if not shared:
+        return [passed("gpu-shared", "each rank has its own GPU" if groups else "no GPU in use")]
+    hosts = by_host(facts)
+    crowded = {h for h, group in hosts.items() if len(group) > max(f.node_gpus or f.gpu_count for f in group)}
+    out = []
+    for level, chosen in ((FAIL, [g for g in shared if g[0].host not in crowded]),
+                          (WARN, [g for g in shared if g[0].host in crowded])):
+        if chosen:
+            out.append(_verdict(level, "gpu-shared", _sharing_message(level), SHARING_FIX,
+                                [f for g in chosen for f in g], map(_sharing_detail, chosen)))
+    return out
+
+
+SHARING_FIX = ("one GPU per rank: srun --gpus-per-task=1 --gpu-bind=closest, or let every rank see all "
+               "GPUs and take GPU LOCAL_RANK (scalerun.init does)")
+
+
+def _sharing_message(level: str) -> str:
+    if level == FAIL:
+        return "two or more ranks use one GPU while other GPUs of the node are idle"
+    return "more ranks than GPUs on a node: ranks share GPUs"
+
+
+def _sharing_detail(group: list[Facts]) -> str:
+    gpu = group[0].gpu_pci or f"index {group[0].gpu_index} of {_shown(group[0].visible)}"
+    return f"{group[0].host}: ranks {compact(f.rank for f in group)} on GPU {gpu}"
+
+
+# ---------------------------------------------------------------------------
+# CPUs and NUMA
+# ---------------------------------------------------------------------------
+
+
+def check_cpu_binding(facts: Sequence[Facts]) -> list[Verdict]:
+    """Ranks of one machine have disjoint CPU sets, and do not share cores through SMT."""
+    unbound, overlaps, siblings = [], [], []
+    for host, group in by_host(facts).items():
+        if len(group) < 2:
+            continue
+        if all(f.unbound for f in group):
+            unbound += group
+            continue
+        for a, b in combinations(group, 2):
+            shared = set(a.cpus) & set(b.cpus)
+            cores = set(a.cores) & set(b.cores)
+            if shared:
+                overlaps.append((a, b, f"{host}: ranks {a.rank} and {b.rank} share CPUs {compact(shared)}"))
+            elif cores:
+                siblings.append((a, b, f"{host}: ranks {a.rank} and {b.rank} share cores {compact(cores)} "
+                                       "through hyperthreads"))
+    out = []
+    for level, message, found in ((FAIL, "ranks of one node share CPUs", overlaps),
+                                  (WARN, "ranks of one node share physical cores", siblings)):
+        if found:
+            bad = [f for a, b, _ in found for f in (a, b)]
+            out.append(_verdict(level, "cpu-binding", message, _bind_fix(bad), bad, (d for _, _, d in found)))
+    if unbound:
+        out.append(_verdict(WARN, "cpu-binding", "ranks are not bound: each may run on every CPU of its node",
+                            _bind_fix(unbound) + "; under torchrun scalerun.init binds (SCALERUN_BIND=1)",
+                            unbound, (f"{h}: ranks {compact(f.rank for f in g)} on CPUs {g[0].cpulist}"
+                                      for h, g in by_host(unbound).items())))
+    return out or [passed("cpu-binding", "each rank has CPUs of its own")]
+
+
+def _bind_fix(bad: Sequence[Facts]) -> str:
+    example = next((f for f in bad if f.suggested_bind), None)
+    if example is None:
+        return "bind each rank to its own cores (scalerun topo shows the plan)"
+    return f"bind each rank to its own cores: srun --cpu-bind={example.suggested_bind} (see scalerun topo)"
+
+
+def check_numa(facts: Sequence[Facts]) -> list[Verdict]:
+    """Each rank's CPUs sit on its GPU's NUMA node: the course's first affinity check."""
+    known = [f for f in facts if f.gpu_numa is not None and f.cpu_numas]
+    if not known:
+        return [passed("numa", "no GPU with a known NUMA node: nothing to compare")]
+    far = [f for f in known if f.gpu_numa not in f.cpu_numas]
+    spread = [f for f in known if f not in far and len(f.cpu_numas) > 1 and not f.unbound]
+    out = []
+    if far:
+        out.append(_verdict(FAIL, "numa", "ranks run on CPUs far from their GPU (another NUMA node)",
+                            _numa_fix(far), far, map(_numa_detail, far)))
+    if spread:
+        out.append(_verdict(WARN, "numa", "ranks' CPUs span several NUMA nodes", _numa_fix(spread), spread,
+                            map(_numa_detail, spread)))
+    return out or [passed("numa", "each rank's CPUs are on its GPU's NUMA node")]
+
+
+def _numa_detail(fact: Facts) -> str:
+    numas = ",".join(map(str, fact.cpu_numas))
+    planned = f"; plan: CPUs {fact.planned_cpus}" if fact.planned_cpus else ""
+    return (f"rank {fact.rank} on {fact.host}: GPU {fact.gpu_pci} on NUMA {fact.gpu_numa}, "
+            f"CPUs {fact.cpulist} on NUMA {numas}{planned}")
+
+
+def _numa_fix(bad: Sequence[Facts]) -> str:
+    example = next((f for f in bad if f.suggested_bind), None)
+    where = f"srun --cpu-bind={example.suggested_bind}" if example else "scalerun topo's plan"
+    return f"bind each rank to the cores of its GPU's NUMA node: {where}"
+
+
+# ---------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------
+
+
+def interface_names(value: str) -> list[tuple[str, bool]]:
+    """(name, exact) from an ``*_SOCKET_IFNAME`` value; an ``^`` exclusion list names none."""
+    if value.startswith("^"):
+        return []
+    names = []
+    for part in value.split(","):
+        part = part.strip()
+        if part:
+            names.append((part[1:], True) if part.startswith("=") else (part, False))
+    return names
+
+
+def interface_kinds(name: str, exact: bool, nics: Sequence[tuple[str, str]]) -> tuple[set[str], bool]:
+    """Kinds of the node's interfaces a name selects (NCCL reads a bare name as a prefix),
+    and whether it selects any; an absent name is judged by what such names are."""
+    kinds = {kind for nic, kind in nics if nic == name or (not exact and nic.startswith(name))}
+    if kinds:
+        return kinds, True
+    guess = interface_kind(Nic(name=name, pci=None, numa=None, link_type=1, speed_mbps=None, operstate="unknown"))
+    return {guess}, False
+
+
+def _interface_problem(name: str, exact: bool, fact: Facts, multi: bool) -> tuple[str, str] | None:
+    kinds, present = interface_kinds(name, exact, fact.nics)
+    if "management" in kinds:
+        return FAIL, f"{name} is a management interface (slow, and unreachable for collectives)"
+    if multi and kinds & {"loopback", "virtual"}:
+        return FAIL, f"{name} is a {'/'.join(sorted(kinds & {'loopback', 'virtual'}))} interface: other nodes cannot reach it"
+    if not present:
+        return (FAIL if multi else WARN), f"{name} is not an interface of this node"
+    return None
+
+
+def check_interfaces(facts: Sequence[Facts]) -> list[Verdict]:
+    """The interfaces the collective libraries are told to use exist and are fast ones."""
+    multi = len({f.host for f in facts}) > 1
+    problems: dict[tuple[str, str, str], list[Facts]] = defaultdict(list)
+    for fact in facts:
+        for variable, value in (("NCCL_SOCKET_IFNAME", fact.nccl_ifname), ("GLOO_SOCKET_IFNAME", fact.gloo_ifname)):
+            for name, exact in interface_names(value or ""):
+                found = _interface_problem(name, exact, fact, multi)
+                if found:
+                    problems[(found[0], f"{variable}={value}: {found[1]}", variable)].append(fact)
+    out = [_verdict(level, "interface", message, _ifname_fix(variable, group), group,
+                    (f"{h}: ranks {compact(f.rank for f in g)}" for h, g in by_host(group).items()))
+           for (level, message, variable), group in problems.items()]
+    unset = [f for f in facts if multi and f.backend == "nccl" and not f.nccl_ifname]
+    if unset:
+        out.append(_verdict(WARN, "interface", "NCCL_SOCKET_IFNAME is not set: the library picks interfaces itself "
+                            "and may take a management one (the course's 'unhandled system error')",
+                            _ifname_fix("NCCL_SOCKET_IFNAME", unset), unset, ()))
+    return out or [passed("interface", _interface_summary(facts, multi))]
+
+
+def _ifname_fix(variable: str, bad: Sequence[Facts]) -> str:
+    best = next((f.recommended_ifname for f in bad if f.recommended_ifname), None)
+    if best is None:
+        return f"set {variable} to the node's high-speed interfaces (hsn*, ib*), never nmn*/lo/docker*"
+    return f"export {variable}={best} (scalerun launch sets it from the site profile and topology)"
+
+
+def _interface_summary(facts: Sequence[Facts], multi: bool) -> str:
+    chosen = sorted({f.nccl_ifname or f.gloo_ifname or "" for f in facts} - {""})
+    if chosen:
+        return f"collectives use {' / '.join(chosen)}"
+    return "interfaces left to the libraries" + ("" if multi else " (one node: none needed)")
+
+
+def check_plugin(facts: Sequence[Facts]) -> list[Verdict]:
+    """Across nodes, NCCL/RCCL reach the network through its plugin, not TCP sockets."""
+    hosts = {f.host for f in facts}
+    nccl = [f for f in facts if f.backend == "nccl"]
+    if len(hosts) < 2 or not nccl:
+        why = "one node" if len(hosts) < 2 else f"backend {facts[0].backend}"
+        return [passed("plugin", f"network plugin not needed ({why})")]
+    slingshot = [f for f in nccl if any(kind == "slingshot" for _, kind in f.nics)]
+    missing = [f for f in slingshot if not f.plugins]
+    fast = {"slingshot", "infiniband"}
+    socket = [f for f in nccl if f.transport == "socket" and any(kind in fast for _, kind in f.nics)]
+    unknown = [f for f in nccl if f.transport in (None, "unknown")]
+    out = []
+    if missing:
+        out.append(_verdict(FAIL, "plugin", "no aws-ofi-rccl/nccl plugin on the library path of a Slingshot node: "
+                            "collectives fall back to TCP sockets (3-4x slower)",
+                            "use the site's container (it ships the plugin) or add the plugin's folder to "
+                            "LD_LIBRARY_PATH", missing, ()))
+    if socket:
+        out.append(_verdict(FAIL, "plugin", "NCCL/RCCL used TCP sockets between nodes that have a faster "
+                            "network (NET/Socket in its log)",
+                            "load the network plugin (aws-ofi-rccl on LUMI) and set NCCL_NET so it cannot fall back",
+                            socket, ()))
+    if unknown and not out:
+        out.append(_verdict(WARN, "plugin", "could not tell which transport NCCL/RCCL used",
+                            "leave NCCL_DEBUG unset (the doctor then reads NCCL's log) or set NCCL_DEBUG_FILE",
+                            unknown, ()))
+    transports = sorted({f.transport for f in nccl if f.transport})
+    return out or [passed("plugin", f"NCCL/RCCL used {', '.join(transports)} between nodes")]
+
+
+# ---------------------------------------------------------------------------
+# Software and caches
+# ---------------------------------------------------------------------------
+
+
+def check_versions(facts: Sequence[Facts]) -> list[Verdict]:
+    """torch, CUDA/ROCm and NCCL/RCCL are the same build on every node."""
+    out = []
+    for key in (*MUST_MATCH, "python"):
+        values: dict[str, set[str]] = defaultdict(set)
+        for fact in facts:
+            values[str(fact.versions.get(key))].add(fact.host)
+        if len(values) > 1:
+            level = FAIL if key in MUST_MATCH else WARN
+            details = [f"{key} {value}: {hostlist.collect_hostlist(sorted(hosts))}" for value, hosts in sorted(values.items())]
+            out.append(Verdict(level, "versions", f"{key} differs between ranks",
+                               "use one software environment (the same container or modules) on every node",
+                               details=tuple(details)))
+    if out:
+        return out
+    shown = ", ".join(f"{k} {v}" for k, v in facts[0].versions.items() if v and k in (*MUST_MATCH, "python"))
+    return [passed("versions", f"same versions on every rank: {shown}")]
+
+
+def check_caches(facts: Sequence[Facts]) -> list[Verdict]:
+    """JIT cache folders exist per node before training starts, on node-local storage."""
+    missing = [(f, variable, path) for f in facts for variable, path, ready in f.caches if not ready]
+    hosts_of: dict[str, set[str]] = defaultdict(set)
+    for fact in facts:
+        for _, path, _ in fact.caches:
+            hosts_of[path].add(fact.host)
+    shared = sorted(path for path, hosts in hosts_of.items()
+                    if len(hosts) > 1 and not path.startswith(NODE_LOCAL_PREFIXES))
+    out = []
+    if missing:
+        out.append(_verdict(FAIL, "caches", "cache folders are missing or not writable",
+                            "create them once per node before the ranks start (scalerun launch does), "
+                            "on node-local storage", [f for f, _, _ in missing],
+                            (f"rank {f.rank} on {f.host}: {var}={path}" for f, var, path in missing)))
+    if shared:
+        out.append(Verdict(WARN, "caches", "several nodes share one cache folder on a shared file system",
+                           "put caches in node-local /tmp (per node), as MIOpen's database breaks when shared",
+                           details=tuple(shared)))
+    if out:
+        return out
+    paths = sorted({path for f in facts for _, path, _ in f.caches})
+    return [passed("caches", f"cache folders ready on every node ({len(paths)} folder(s))")]
+
+
+def check_smoke(facts: Sequence[Facts]) -> list[Verdict]:
+    """Each GPU in use multiplies two matrices correctly."""
+    tested = [f for f in facts if f.smoke is not None]
+    if not tested:
+        return [passed("gpu-smoke", "no GPU in use: smoke test skipped")]
+    failed = [f for f in tested if not f.smoke.ok]
+    if failed:
+        return [_verdict(FAIL, "gpu-smoke", "a GPU gave a wrong matrix product or failed",
+                         "take the node out (drain it or --exclude it) and report it to the site",
+                         failed, map(_smoke_detail, failed))]
+    rates = [f.smoke.tflops for f in tested if f.smoke.tflops]
+    speed = f"; {min(rates):.1f}-{max(rates):.1f} TFLOP/s float32" if rates else ""
+    return [passed("gpu-smoke", f"matrix product correct on {len(tested)} GPU(s){speed}")]
+
+
+def _smoke_detail(fact: Facts) -> str:
+    smoke = fact.smoke
+    assert smoke is not None
+    what = smoke.error or f"relative error {smoke.max_error:.2e}"
+    return f"rank {fact.rank} on {fact.host}, GPU {fact.gpu_pci or fact.gpu_index}: {what}"
+
+
+CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
+    check_devices,
+    check_gpu_sharing,
+    check_cpu_binding,
+    check_numa,
+    check_interfaces,
+    check_plugin,
+    check_versions,
+    check_caches,
+    check_smoke,
+)
+
+
+def run_checks(facts: Sequence[Facts], *, expect_world: int | None = None) -> list[Verdict]:
+    """All fact checks, in report order."""
+    verdicts = check_world(facts, expect_world)
+    for check in CHECKS:
+        verdicts += check(facts)
+    return verdicts
+
+
+def exit_code(verdicts: Iterable[Verdict]) -> int:
+    """0 only when nothing failed; WARNs do not fail a run."""
+    return 1 if any(v.level == FAIL for v in verdicts) else 0
+
+
+# ---------------------------------------------------------------------------
+# Collectives and bisection
+# ---------------------------------------------------------------------------
+
+
+def barrier_verdict(result: BarrierResult, hosts: Mapping[int, str], timeout_s: float) -> Verdict:
+    """PASS, or FAIL naming the ranks (and their nodes) that did not arrive."""
+    if result.ok:
+        return passed("barrier", f"all {len(hosts)} rank(s) met at the barrier in {result.seconds:.2f} s")
+    nodes = sorted({hosts[r] for r in result.missing if r in hosts})
+    if not result.missing:
+        return Verdict(FAIL, "barrier", f"the barrier failed: {result.error}", "see the ranks' own output")
+    details = [f"{node}: ranks {compact(r for r in result.missing if hosts.get(r) == node)}" for node in nodes]
+    return Verdict(FAIL, "barrier", f"ranks {compact(result.missing)} did not reach the barrier within {timeout_s:g} s",
+                   _exclude_fix(nodes), result.missing, tuple(nodes), tuple(details))
+
+
+def _exclude_fix(nodes: Sequence[str]) -> str:
+    value = exclude_value(nodes)
+    if value is None:
+        return "look at those ranks' output; on SLURM, resubmit without their nodes (--exclude=...)"
+    return f"resubmit without their nodes: {value}"
+
+
+def allreduce_verdict(results: Sequence[AllreduceResult], hosts: Mapping[int, str]) -> Verdict:
+    """Every rank got the exact sum."""
+    bad = [rank for rank, result in enumerate(results) if not result.ok]
+    if not bad:
+        return passed("all-reduce", f"exact sums on all {len(results)} rank(s)")
+    details = [f"rank {r} on {hosts.get(r, '?')}: " + (results[r].error or f"{results[r].wrong} wrong element(s)")
+               for r in bad]
+    return Verdict(FAIL, "all-reduce", "all-reduce failed or returned wrong sums",
+                   "check the transport (plugin, interfaces) and run with --bisect to find the node",
+                   tuple(bad), tuple(sorted({hosts.get(r, "?") for r in bad})), tuple(details))
+
+
+def bandwidth_verdict(rows: Sequence[BandwidthRow], min_busbw: float | None, world: int) -> list[Verdict]:
+    """The largest all-reduce reaches the expected bus bandwidth (when one is given)."""
+    if not rows:
+        return []
+    if world == 1:
+        return [passed("bandwidth", "one rank: nothing crosses a link (busbw is 0 by definition)")]
+    last = rows[-1]
+    peak = max(rows, key=lambda row: row.busbw_gbs)
+    if min_busbw is not None and last.busbw_gbs < min_busbw:
+        return [Verdict(FAIL, "bandwidth",
+                        f"busbw {last.busbw_gbs:.3g} GB/s at {last.size_bytes} B is below the expected {min_busbw:g} GB/s",
+                        "see the bad-node search below; check the plugin and interfaces verdicts")]
+    return [passed("bandwidth", f"peak busbw {peak.busbw_gbs:.3g} GB/s at {peak.size_bytes} B")]
+
+
+def bisection_verdicts(result: Bisection) -> list[Verdict]:
+    """The nodes to leave out, as an ``--exclude`` value."""
+    cost = f"{result.probe_count} probe(s) in {result.rounds} round(s)"
+    if not result.bad and not result.suspects:
+        return [passed("bad-nodes", f"no bad node found ({cost})")]
+    out = []
+    if result.bad:
+        out.append(Verdict(FAIL, "bad-nodes", f"bad node(s): {', '.join(result.bad)} ({cost})",
+                           _exclude_fix(result.bad), nodes=result.bad))
+    if result.suspects:
+        out.append(Verdict(FAIL, "bad-nodes",
+                           f"failing, but no single node to blame among {', '.join(result.suspects)} ({cost})",
+                           "retry with more nodes so each can be probed beside a healthy one; or "
+                           + _exclude_fix(result.suspects), nodes=result.suspects))
+    return out

@@ -1,0 +1,221 @@
+"""The doctor on one rank: ``python -m scalerun.doctor.rank [flags]``, under any launcher.
+
+Every rank runs the same steps, in the same order, because each step after ``init`` is a
+collective: join the job through ``scalerun.init`` (so binding and device choice are the
+ones training gets), create the node's caches from local rank 0, meet at a barrier with a
+timeout, gather every rank's facts to every rank, check all-reduce sums, time the sweep,
+bisect when the collectives look bad, then compute the verdicts (pure, so every rank exits
+with the same code). Only rank 0 prints.
+
+This is the edge of the doctor: it sets, in its own process only, the NCCL variables that
+let it read which transport NCCL used, and says so in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scalerun.doctor import checks, collectives
+from scalerun.doctor.bisect import Bisection, find_bad_nodes
+from scalerun.doctor.facts import Facts, gather_facts, locate_gpu, nccl_log_path
+from scalerun.doctor.gpu import smoke_test
+from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args
+from scalerun.doctor.report import Report, render_text, to_json
+from scalerun.errors import ScalerunError
+from scalerun.sites import SiteProfile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.runtime.context import Context
+
+NCCL_LOG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+PROBE_ITERS = 5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalerun.doctor.rank",
+        description="Run scalerun doctor's checks as one rank of a job (started by a launcher).",
+    )
+    add_check_arguments(parser, with_site=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run the doctor on this rank, return its exit code."""
+    try:
+        return run(options_from_args(build_parser().parse_args(argv)))
+    except ScalerunError as error:
+        print(f"scalerun doctor: rank on {socket.gethostname()}: error: {error}", file=sys.stderr, flush=True)
+        return 2
+
+
+def prepare_environment(environ: MutableMapping[str, str], gpu: bool) -> list[str]:
+    """With GPUs: NCCL's INIT/NET log to a file (to read its transport) and errors instead
+    of aborts on a hung collective. Never overrides the user's values; returns what it set."""
+    if not gpu:
+        return []
+    wanted = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+    if "NCCL_DEBUG" not in environ:
+        log = Path(tempfile.gettempdir()) / "scalerun-doctor-nccl.%h.%p.log"
+        wanted |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(log)}
+    added = {name: value for name, value in wanted.items() if name not in environ}
+    environ.update(added)
+    return [f"{name}={value}" for name, value in added.items()]
+
+
+def run(options: DoctorOptions) -> int:
+    """This rank's part of the doctor; 0 when nothing failed (always 0 with a result file)."""
+    import torch
+
+    import scalerun
+
+    notes = prepare_environment(os.environ, torch.cuda.is_available())
+    ctx = scalerun.init(timeout=options.timeout_s)
+    try:
+        report = examine(ctx, options, notes)
+    finally:
+        _forget_nccl_log(notes)
+    if ctx.rank == 0:
+        publish(report, options)
+    scalerun.shutdown()
+    return 0 if options.result_file else report.exit_code
+
+
+def publish(report: Report, options: DoctorOptions) -> None:
+    """Print the report (text or JSON) and write the result file a parent reads."""
+    data = to_json(report)
+    print(json.dumps(data, indent=2) if options.json else render_text(report), flush=True)
+    if options.result_file:
+        Path(options.result_file).write_text(json.dumps(data))
+
+
+@dataclass
+class Stage:
+    """What every rank carries between the steps."""
+
+    ctx: Context
+    options: DoctorOptions
+    control: Any
+    """The gloo group of :func:`collectives.control_group`."""
+    site: SiteProfile | None
+    hosts: dict[int, str]
+    notes: list[str]
+
+    @property
+    def site_name(self) -> str:
+        return self.site.name if self.site else "none"
+
+
+def examine(ctx: Context, options: DoctorOptions, notes: list[str]) -> Report:
+    """All steps; a broken barrier or collective ends the run with what is known so far."""
+    control = collectives.control_group(options.timeout_s)
+    identity = collectives.gather(socket.gethostname(), control)
+    local, decision = prepare_node(ctx, options)
+    stage = Stage(ctx, options, control, local["site"], dict(enumerate(identity)),
+                  [f"the doctor set {note} in its own ranks" for note in notes])
+    barrier = collectives.timed_barrier(control, options.timeout_s)
+    verdict = checks.barrier_verdict(barrier, stage.hosts, options.timeout_s)
+    if not barrier.ok:
+        return Report(world_size=ctx.world_size, verdicts=(verdict,), barrier=barrier, site=stage.site_name)
+    facts = collectives.gather(gather_facts(ctx=ctx, **local, decision=decision, smoke=smoke_test(ctx.device)), control)
+    try:
+        return check_collectives(stage, facts, barrier, verdict)
+    except RuntimeError as error:  # a rank died or a group broke: report what is known
+        failed = checks.Verdict(checks.FAIL, "collectives", f"collectives broke: {collectives.first_line(error)}",
+                                "look at the other ranks' output; rerun with --bisect to find the node")
+        return _report(stage, facts, [verdict, failed], barrier=barrier)
+
+
+def prepare_node(ctx: Context, options: DoctorOptions) -> tuple[dict[str, Any], Any]:
+    """Read the node and decide the rank's environment as ``scalerun.init`` does (from the
+    environment as it was before init exported its decisions); local rank 0 makes sure the
+    node's caches exist before the barrier that follows."""
+    from scalerun.netconf.caches import create_cache_dirs
+    from scalerun.netconf.current import decide_for_current_rank
+    from scalerun.topology import read_node, read_online_cpus
+
+    before_init = {k: v for k, v in os.environ.items() if k not in ctx.exported_env}
+    rank_env = decide_for_current_rank(site_name=options.site, sysfs_root=options.sysfs, environ=before_init)
+    topology = read_node(options.sysfs, read_online_cpus(options.sysfs))
+    simulated = os.path.realpath(options.sysfs) != "/"
+    if ctx.local_rank == 0:
+        create_cache_dirs(list(rank_env.decision.settings))
+    rank_gpu = locate_gpu(ctx, topology, simulated, os.environ)
+    local = {"topology": topology, "site": rank_env.site, "rank_gpu": rank_gpu, "simulated": simulated}
+    return local, rank_env.decision
+
+
+def check_collectives(stage: Stage, facts: list[Facts], barrier: Any, barrier_verdict: Any) -> Report:
+    """All-reduce sums, the sweep, the transport each rank used, and the bad-node search."""
+    ctx, options, control = stage.ctx, stage.options, stage.control
+    sums = collectives.gather(collectives.allreduce_check(ctx.device), control)
+    healthy = all(result.ok for result in sums)
+    rows: list[collectives.BandwidthRow] = []
+    if options.bandwidth and healthy:
+        sizes = collectives.sweep_sizes(options.min_bytes, options.max_bytes)
+        rows = collectives.bandwidth_sweep(sizes, device=ctx.device, iters=options.iters,
+                                           warmup=options.warmup, control=control)
+    transports = collectives.gather(nccl_transport(ctx.backend, os.environ), control)
+    facts = [replace(fact, transport=transport) for fact, transport in zip(facts, transports, strict=True)]
+    bisection = search_bad_nodes(stage, facts, healthy, rows)
+    verdicts = [barrier_verdict, checks.allreduce_verdict(sums, stage.hosts),
+                *checks.bandwidth_verdict(rows, options.min_busbw, ctx.world_size)]
+    verdicts += checks.bisection_verdicts(bisection) if bisection else []
+    return _report(stage, facts, verdicts, barrier=barrier, bandwidth=rows, bisection=bisection)
+
+
+def _report(stage: Stage, facts: list[Facts], collective_verdicts: list[checks.Verdict], **parts: Any) -> Report:
+    verdicts = checks.run_checks(facts, expect_world=stage.options.expect_world) + collective_verdicts
+    return Report(world_size=stage.ctx.world_size, facts=tuple(facts), verdicts=tuple(verdicts),
+                  site=stage.site_name, notes=tuple(stage.notes), **parts)
+
+
+def search_bad_nodes(stage: Stage, facts: list[Facts], healthy: bool,
+                     rows: list[collectives.BandwidthRow]) -> Bisection | None:
+    """Bisect when there are nodes to compare and the collectives failed, were slow, or
+    ``--bisect`` asks; every rank decides alike, since all inputs were gathered."""
+    options = stage.options
+    node_of = checks.node_labels(facts)
+    nodes = list(dict.fromkeys(node_of[f.rank] for f in sorted(facts, key=lambda f: (f.node_rank, f.rank))))
+    slow = bool(options.min_busbw and rows and rows[-1].busbw_gbs < options.min_busbw)
+    if len(nodes) < 2 or not (options.bisect or slow or not healthy):
+        return None
+
+    def probe(sets: list[tuple[str, ...]]) -> list[bool]:
+        return collectives.probe_node_sets(
+            sets, node_of, device=stage.ctx.device, size_bytes=options.probe_bytes, iters=PROBE_ITERS,
+            timeout_s=options.probe_timeout_s, min_busbw=options.min_busbw, control=stage.control)
+
+    return find_bad_nodes(nodes, probe, whole_failed=slow or not healthy)
+
+
+def nccl_transport(backend: str, environ: MutableMapping[str, str]) -> str | None:
+    """What NCCL/RCCL's log says it used between nodes; None when NCCL is not in use."""
+    from scalerun.netconf.plugin import classify_log
+
+    if backend != "nccl":
+        return None
+    template = environ.get("NCCL_DEBUG_FILE")
+    if not template:
+        return "unknown"
+    log = nccl_log_path(template, socket.gethostname(), os.getpid())
+    return classify_log(log.read_text(errors="replace")).transport if log.is_file() else "unknown"
+
+
+def _forget_nccl_log(notes: list[str]) -> None:
+    """Remove the NCCL log file the doctor itself asked for (never a user's)."""
+    if any(note.startswith("NCCL_DEBUG_FILE=") for note in notes):
+        nccl_log_path(os.environ["NCCL_DEBUG_FILE"], socket.gethostname(), os.getpid()).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Fact sets of a LUMI-G job written as data: 2 nodes x 8 GCDs, srun with LUMI's masks.
+
+Each GCD: (PCI address, NUMA node, the cores LUMI's documented mask gives its rank, the
+nearest Slingshot NIC), in PCI order as ``scalerun topo`` reads tests/fixtures/sysfs/lumig.
+Tests take a healthy job and plant one fault with :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scalerun.doctor.facts import Facts, Smoke
+from scalerun.topology.cpulist import parse_cpulist
+
+GCDS = (
+    ("0000:c1:00.0", 3, "49-55", "hsn0"),
+    ("0000:c6:00.0", 3, "57-63", "hsn0"),
+    ("0000:c9:00.0", 1, "17-23", "hsn1"),
+    ("0000:ce:00.0", 1, "25-31", "hsn1"),
+    ("0000:d1:00.0", 0, "1-7", "hsn2"),
+    ("0000:d6:00.0", 0, "9-15", "hsn2"),
+    ("0000:d9:00.0", 2, "33-39", "hsn3"),
+    ("0000:de:00.0", 2, "41-47", "hsn3"),
+)
+NUMA_CPUS = {0: "0-15,64-79", 1: "16-31,80-95", 2: "32-47,96-111", 3: "48-63,112-127"}
+NICS = (("hsn0", "slingshot"), ("hsn1", "slingshot"), ("hsn2", "slingshot"), ("hsn3", "slingshot"),
+        ("lo", "loopback"), ("nmn0", "management"))
+HSN = "hsn0,hsn1,hsn2,hsn3"
+HOSTS = ("nid005001", "nid005002")
+VERSIONS = {"python": "3.10.14", "torch": "2.4.1+rocm6.0", "cuda": None, "hip": "6.0.32830",
+            "nccl": "2.18.3", "rocm": "6.0.3", "scalerun": "0.1.0"}
+JOB = {"SLURM_JOB_ID": "7777", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "nid[005001-005002]",
+       "SLURM_GPUS_ON_NODE": "8"}
+
+
+def numa_of(cpu: int) -> int:
+    return next(node for node, cpus in NUMA_CPUS.items() if cpu in parse_cpulist(cpus))
+
+
+def core_of(cpu: int) -> int:
+    """LUMI numbers hyperthreads 64 above their core."""
+    return cpu % 64
+
+
+def with_cpus(fact: Facts, cpulist: str) -> Facts:
+    """The same rank bound to other CPUs (cores and NUMA nodes follow)."""
+    cpus = tuple(sorted(parse_cpulist(cpulist)))
+    return replace(fact, cpus=cpus, cores=tuple(core_of(c) for c in cpus),
+                   cpu_numas=tuple(sorted({numa_of(c) for c in cpus})))
+
+
+def lumi_rank(rank: int, nodes: int = 2) -> Facts:
+    """A healthy rank: sees all 8 GCDs, takes GCD LOCAL_RANK, bound to its CCD."""
+    local, node = rank % 8, rank // 8
+    pci, numa, cpus, nic = GCDS[local]
+    fact = Facts(
+        host=HOSTS[node], rank=rank, world_size=8 * nodes, local_rank=local, local_world_size=8,
+        node_rank=node, launcher="slurm", backend="nccl",
+        visible={"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, gpu_count=8, gpu_index=local,
+        gpu_pci=pci, gpu_numa=numa, gpu_vendor="amd", node_gpus=8,
+        node_cpus=tuple(range(128)), planned_cpus=cpus,
+        suggested_bind="mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,"
+                       "0xfe00000000,0xfe0000000000",
+        nics=NICS, nearest_nic=nic, nccl_ifname=HSN, gloo_ifname=HSN, recommended_ifname=HSN,
+        environment=(("NCCL_SOCKET_IFNAME", HSN, "site"), ("NCCL_NET_GDR_LEVEL", "PHB", "rocm")),
+        plugins=("/opt/aws-ofi-rccl/lib/librccl-net.so",), transport="ofi-plugin",
+        versions=dict(VERSIONS), job=dict(JOB),
+        caches=(("MIOPEN_USER_DB_PATH", f"/tmp/u-miopen-cache-{node}", True),),
+        smoke=Smoke(device_count=8, ok=True, max_error=2e-7, tflops=21.5),
+    )
+    return with_cpus(fact, cpus)
+
+
+def lumi_job(nodes: int = 2) -> list[Facts]:
+    return [lumi_rank(rank, nodes) for rank in range(8 * nodes)]

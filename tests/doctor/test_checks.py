@@ -1,0 +1,181 @@
+"""The pure checks against planted faults in a LUMI-G job's facts (no GPU needed).
+
+Each case takes the healthy 2 x 8 GCD job of :mod:`tests.doctor.factsets`, plants one
+fault, and names exactly the non-PASS verdicts it must produce; anything more or less
+fails the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from scalerun.doctor.checks import (
+    FAIL,
+    PASS,
+    WARN,
+    Verdict,
+    exit_code,
+    interface_names,
+    node_labels,
+    run_checks,
+)
+from scalerun.doctor.facts import Facts, Smoke
+from tests.doctor.factsets import HSN, lumi_job, with_cpus
+
+Job = list[Facts]
+
+
+def change(ranks: Callable[[Facts], bool], **fields) -> Callable[[Job], Job]:
+    """Replace ``fields`` on the ranks selected by ``ranks``."""
+    return lambda job: [replace(f, **fields) if ranks(f) else f for f in job]
+
+
+def bind(rank_cpus: dict[int, str]) -> Callable[[Job], Job]:
+    return lambda job: [with_cpus(f, rank_cpus[f.rank]) if f.rank in rank_cpus else f for f in job]
+
+
+def same_gcd(job: Job) -> Job:
+    """srun --gpus-per-task gone wrong: ranks 0 and 1 both get GCD 0000:c1:00.0."""
+    one = {"ROCR_VISIBLE_DEVICES": "0"}
+    return [replace(f, visible=one, gpu_count=1, gpu_index=0, gpu_pci="0000:c1:00.0")
+            if f.rank in (0, 1) else f for f in job]
+
+
+def more_ranks_than_gcds(job: Job) -> Job:
+    """16 ranks on one node of 8 GCDs: neighbours share, as the binding plan does."""
+    first = [f for f in job if f.node_rank == 0]
+    doubled = []
+    for rank in range(16):
+        twin = first[rank // 2]
+        half = twin.cpus[:3] if rank % 2 == 0 else twin.cpus[3:]
+        doubled.append(replace(with_cpus(twin, ",".join(map(str, half))), rank=rank, local_rank=rank, world_size=16,
+                               local_world_size=16, job={**twin.job, "SLURM_JOB_NUM_NODES": "1",
+                                                         "SLURM_JOB_NODELIST": "nid005001"}))
+    return doubled
+
+
+def one_node_only(job: Job) -> Job:
+    """torchrun started on the first node of a 2-node allocation."""
+    return [replace(f, world_size=8) for f in job if f.node_rank == 0]
+
+
+CASES: list[tuple[str, Callable[[Job], Job], dict, set[tuple[str, str]]]] = [
+    ("healthy", lambda job: job, {}, set()),
+    ("two ranks on one GCD", same_gcd, {}, {("gpu-shared", FAIL), ("devices", WARN), ("world-size", WARN)}),
+    ("16 ranks on 8 GCDs", more_ranks_than_gcds, {}, {("gpu-shared", WARN)}),
+    ("rank bound to far cores (GCD on NUMA 3, CPUs on NUMA 0)", bind({0: "1-7", 4: "49-55"}), {},
+     {("numa", FAIL)}),
+    ("CPUs spanning two NUMA nodes", bind({0: "40,49-55"}), {}, {("numa", WARN)}),
+    ("two ranks on the same cores", bind({1: "49-55"}), {}, {("cpu-binding", FAIL)}),
+    ("two ranks on sibling hyperthreads", bind({1: "113-119"}), {}, {("cpu-binding", WARN)}),
+    ("ranks not bound at all", bind({r: "0-127" for r in range(16)}), {}, {("cpu-binding", WARN)}),
+    ("NCCL_SOCKET_IFNAME=nmn0", change(lambda f: True, nccl_ifname="nmn0"), {}, {("interface", FAIL)}),
+    ("GLOO_SOCKET_IFNAME=lo across nodes", change(lambda f: True, gloo_ifname="lo"), {}, {("interface", FAIL)}),
+    ("NCCL_SOCKET_IFNAME naming an absent interface", change(lambda f: True, nccl_ifname="ib0"), {},
+     {("interface", FAIL)}),
+    ("NCCL_SOCKET_IFNAME prefix hsn", change(lambda f: True, nccl_ifname="hsn"), {}, set()),
+    ("NCCL_SOCKET_IFNAME exclusion list", change(lambda f: True, nccl_ifname="^nmn0,lo"), {}, set()),
+    ("NCCL_SOCKET_IFNAME unset", change(lambda f: True, nccl_ifname=None), {}, {("interface", WARN)}),
+    ("plugin missing on one node", change(lambda f: f.node_rank == 1, plugins=()), {}, {("plugin", FAIL)}),
+    ("RCCL fell back to sockets", change(lambda f: True, transport="socket"), {}, {("plugin", FAIL)}),
+    ("sockets on Ethernet-only nodes",
+     change(lambda f: True, transport="socket", plugins=(), nics=(("eth0", "ethernet"), ("lo", "loopback")),
+            nccl_ifname="eth0", gloo_ifname="eth0", recommended_ifname="eth0"), {}, set()),
+    ("transport not known", change(lambda f: True, transport="unknown"), {}, {("plugin", WARN)}),
+    ("torch differs between nodes",
+     change(lambda f: f.node_rank == 1, versions={**lumi_job()[0].versions, "torch": "2.5.1+rocm6.2"}), {},
+     {("versions", FAIL)}),
+    ("python differs between nodes",
+     change(lambda f: f.node_rank == 1, versions={**lumi_job()[0].versions, "python": "3.11.9"}), {},
+     {("versions", WARN)}),
+    ("ranks on one of two allocated nodes", one_node_only, {}, {("world-size", FAIL)}),
+    ("launch asked for another world size", lambda job: job, {"expect_world": 8}, {("world-size", FAIL)}),
+    ("4 of 8 GCDs used per node",
+     lambda job: [replace(f, world_size=8, rank=f.node_rank * 4 + f.local_rank, local_world_size=4)
+                  for f in job if f.local_rank < 4], {}, {("world-size", WARN)}),
+    ("a rank could not choose its GPU",
+     change(lambda f: f.rank == 3, device_error="local rank 3 needs GPU 3 but this rank sees only 2",
+            gpu_index=None, gpu_pci=None, gpu_numa=None, smoke=None), {},
+     {("devices", FAIL), ("world-size", WARN)}),
+    ("CPU-only torch on a GPU node",
+     change(lambda f: True, gpu_count=0, gpu_index=None, gpu_pci=None, gpu_numa=None, smoke=None,
+            versions={**lumi_job()[0].versions, "hip": None, "torch": "2.4.1+cpu"}), {},
+     {("devices", FAIL)}),
+    ("cache folder not writable", change(lambda f: f.rank == 9, caches=(("MIOPEN_USER_DB_PATH", "/tmp/x", False),)),
+     {}, {("caches", FAIL)}),
+    ("one cache folder on a shared file system",
+     change(lambda f: True, caches=(("MIOPEN_USER_DB_PATH", "/users/u/.cache/miopen", True),)), {},
+     {("caches", WARN)}),
+    ("a GCD computes garbage", change(lambda f: f.rank == 12, smoke=Smoke(device_count=8, ok=False, max_error=3.5)),
+     {}, {("gpu-smoke", FAIL)}),
+]
+
+
+def problems(verdicts: list[Verdict]) -> set[tuple[str, str]]:
+    return {(v.check, v.level) for v in verdicts if v.level != PASS}
+
+
+@pytest.mark.parametrize(("name", "plant", "options", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_planted_fault_gives_exactly_its_verdicts(name, plant, options, expected) -> None:
+    verdicts = run_checks(plant(lumi_job()), **options)
+    assert problems(verdicts) == expected
+    assert exit_code(verdicts) == (1 if any(level == FAIL for _, level in expected) else 0)
+    for verdict in verdicts:
+        assert verdict.level == PASS or verdict.fix, f"{verdict.check} {verdict.level} has no fix"
+
+
+def verdict(verdicts: list[Verdict], check: str, level: str) -> Verdict:
+    return next(v for v in verdicts if v.check == check and v.level == level)
+
+
+def test_shared_gcd_names_the_ranks_and_the_pci_address() -> None:
+    found = verdict(run_checks(same_gcd(lumi_job())), "gpu-shared", FAIL)
+    assert found.ranks == (0, 1) and found.nodes == ("nid005001",)
+    assert found.details == ("nid005001: ranks 0-1 on GPU 0000:c1:00.0",)
+    assert "--gpus-per-task=1" in found.fix
+
+
+def test_far_binding_shows_both_numa_nodes_and_the_masks_to_use() -> None:
+    found = verdict(run_checks(bind({0: "1-7", 4: "49-55"})(lumi_job())), "numa", FAIL)
+    assert found.ranks == (0, 4)
+    assert found.details[0] == ("rank 0 on nid005001: GPU 0000:c1:00.0 on NUMA 3, CPUs 1-7 on NUMA 0; "
+                                "plan: CPUs 49-55")
+    assert "--cpu-bind=mask_cpu:0xfe000000000000," in found.fix
+
+
+def test_management_interface_fix_names_the_high_speed_ones() -> None:
+    found = verdict(run_checks(change(lambda f: True, nccl_ifname="nmn0")(lumi_job())), "interface", FAIL)
+    assert "nmn0 is a management interface" in found.message
+    assert f"export NCCL_SOCKET_IFNAME={HSN}" in found.fix
+    assert found.nodes == ("nid005001", "nid005002") and len(found.ranks) == 16
+
+
+def test_idle_node_is_named_in_host_list_form() -> None:
+    found = verdict(run_checks(one_node_only(lumi_job())), "world-size", FAIL)
+    assert "1 of 2 allocated nodes run no rank: nid005002" in found.message
+
+
+def test_loopback_is_fine_on_one_machine() -> None:
+    job = [replace(f, gloo_ifname="lo", nccl_ifname=None) for f in lumi_job() if f.node_rank == 0]
+    job = [replace(f, world_size=8, job={}) for f in job]
+    assert problems(run_checks(job)) == set()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("hsn0,hsn1", [("hsn0", False), ("hsn1", False)]),
+    ("=eth0", [("eth0", True)]),
+    ("^docker,lo", []),
+    ("", []),
+])
+def test_interface_names_follow_nccl_syntax(value, expected) -> None:
+    assert interface_names(value) == expected
+
+
+def test_node_labels_tell_launcher_nodes_apart_on_one_host() -> None:
+    job = [replace(f, host="vm") for f in lumi_job()]
+    labels = node_labels(job)
+    assert labels[0] == "vm#0" and labels[15] == "vm#1"
+    assert node_labels(lumi_job())[9] == "nid005002"

@@ -1,0 +1,159 @@
+"""The real doctor: local gloo ranks, planted faults, a late rank, fake nodes, SLURM.
+
+Every run here is a real ``scalerun doctor`` (or its collectives on real spawned ranks);
+faults are planted only through what a user can get wrong: the environment
+(NCCL_SOCKET_IFNAME, ROCR_VISIBLE_DEVICES), ``taskset``, or a node description (``--sysfs``).
+Sizes and iterations are kept small: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.doctor import rank_fns
+from tests.fixtures.make_sysfs import build_tree
+from tests.ranks import free_port, run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ("--max-bytes", "64K", "--iters", "2", "--warmup", "1")
+
+
+def doctor(*args: str, prefix: tuple[str, ...] = (), timeout: float = 180,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``scalerun doctor ARGS`` as a user runs it (optionally under ``taskset``)."""
+    environ = {**os.environ, **(env or {})}
+    return subprocess.run([*prefix, sys.executable, "-m", "scalerun", "doctor", *args], cwd=REPO,
+                          env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def verdicts(report: dict) -> set[tuple[str, str]]:
+    return {(v["check"], v["level"]) for v in report["verdicts"] if v["level"] != "PASS"}
+
+
+def test_two_local_ranks_pass_with_a_table_and_a_sweep() -> None:
+    done = doctor("--nproc-per-node", "2", "--max-bytes", "4M", "--iters", "2", "--warmup", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "scalerun doctor: 2 rank(s) on 1 node(s), launcher torchrun, backend gloo" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[2:3] == ["cpu"]]
+    assert [row[:2] for row in rows] == [["0", "0"], ["1", "1"]]
+    assert rows[0][6] != rows[1][6], "scalerun.init binds the two ranks to different CPUs"
+    sweep = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and len(line.split()) == 5]
+    assert [int(row[0]) for row in sweep] == [1024 * 2**i for i in range(13)]
+    for size, count, time_us, algbw, busbw in sweep:
+        assert int(count) == int(size) // 4 and float(time_us) > 0
+        assert float(busbw) == pytest.approx(float(algbw), abs=0.0011)  # factor 2(n-1)/n = 1 for n = 2
+    assert "PASS  all-reduce   exact sums on all 2 rank(s)" in out
+    assert "PASS  barrier      all 2 rank(s) met at the barrier" in out
+    assert out.rstrip().endswith("0 FAIL -> exit code 0")
+
+
+def test_four_local_ranks_report_json() -> None:
+    done = doctor("--nproc-per-node", "4", "--json", *SMALL)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["world_size"] == 4 and report["summary"]["FAIL"] == 0
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
+    assert {r["launcher"] for r in report["ranks"]} == {"torchrun"}
+    assert {r["local_world_size"] for r in report["ranks"]} == {4}
+    rows = report["bandwidth"]
+    assert [row["size_bytes"] for row in rows] == [1024 * 2**i for i in range(7)]
+    for row in rows:
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * 1.5)  # 2(n-1)/n for n = 4
+    if len(os.sched_getaffinity(0)) < 4:  # fewer CPUs than ranks: init cannot bind, the doctor says so
+        assert ("cpu-binding", "WARN") in verdicts(report)
+
+
+def test_planted_overlap_and_management_interface_fail() -> None:
+    """taskset puts both ranks on CPU 0; NCCL_SOCKET_IFNAME names LUMI's management network."""
+    done = doctor("--nproc-per-node", "2", "--no-bandwidth", "--json", prefix=("taskset", "-c", "0"),
+                  env={"NCCL_SOCKET_IFNAME": "nmn0"})
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert verdicts(report) == {("cpu-binding", "FAIL"), ("interface", "FAIL")}
+    found = {v["check"]: v for v in report["verdicts"] if v["level"] == "FAIL"}
+    assert found["cpu-binding"]["details"] == [f"{socket.gethostname()}: ranks 0 and 1 share CPUs 0"]
+    assert "nmn0 is a management interface" in found["interface"]["message"]
+    assert {r["mask"] for r in report["ranks"]} == {"0x1"}
+
+
+def test_planted_shared_gcd_and_far_cores_on_a_lumi_node(tmp_path: Path) -> None:
+    """The LUMI-G node description, every rank told ROCR_VISIBLE_DEVICES=0."""
+    root = build_tree("lumig", tmp_path / "lumig")
+    done = doctor("--nproc-per-node", "2", "--no-bandwidth", "--sysfs", str(root),
+                  env={"ROCR_VISIBLE_DEVICES": "0"})
+    assert done.returncode == 1, done.stderr
+    out = done.stdout
+    assert "FAIL  gpu-shared   two or more ranks use one GPU" in out
+    assert f"{socket.gethostname()}: ranks 0-1 on GPU 0000:c1:00.0" in out
+    assert "FAIL  numa         ranks run on CPUs far from their GPU" in out
+    assert "GPU 0000:c1:00.0 on NUMA 3, CPUs 0 on NUMA 0" in out
+    assert "node read from a fixture" in out
+
+
+def test_collectives_on_real_ranks_and_a_late_rank_named() -> None:
+    first, second = run_ranks(2, rank_fns.collectives_then_late_barrier, 1.0, 1, 3.0)
+    assert first["sums"] and second["sums"]
+    assert first["rows"] == second["rows"]  # every rank reports the same rank-averaged row
+    assert [size for size, _, _ in first["rows"]] == [1024, 65536]
+    assert first["barrier"] == (False, (1,))  # rank 0 names the rank that did not arrive
+    assert second["barrier"][0] is False
+
+
+def test_bisection_probes_real_node_sets(tmp_path: Path) -> None:
+    """Three launcher "nodes" on this machine and an unreachable --min-busbw: the sweep
+    fails, the search probes the whole set, then a pair, and blames no single node."""
+    port, procs = free_port(), []
+    for rank in range(3):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1"}
+        out = open(tmp_path / f"rank{rank}.out", "w")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", "scalerun", "doctor", "--json", "--min-busbw", "1e6", "--max-bytes", "4K",
+             "--iters", "1", "--probe-bytes", "4K", "--timeout", "60"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    codes = [proc.wait(timeout=180) for proc, _ in procs]
+    for _, out in procs:
+        out.close()
+    assert codes == [1, 1, 1], (tmp_path / "rank0.out").read_text()
+    text = (tmp_path / "rank0.out").read_text()
+    report = json.loads(text[text.index("{"):])
+    host = socket.gethostname()
+    assert verdicts(report) >= {("bandwidth", "FAIL"), ("bad-nodes", "FAIL")}
+    search = report["bisection"]
+    assert [s for s, _ in search["probes"]] == [[f"{host}#0", f"{host}#1", f"{host}#2"], [f"{host}#1", f"{host}#2"]]
+    assert search["suspects"] == [f"{host}#0", f"{host}#1", f"{host}#2"] and search["rounds"] == 2
+    assert search["exclude"] is None  # one machine: no host list to exclude
+
+
+def test_submitted_job_runs_the_rank_program_with_the_site(tmp_path: Path) -> None:
+    done = doctor("--nodes", "2", "--site", "lumi-g", "--dry-run", "--run-dir", str(tmp_path), "--max-bytes", "8M")
+    assert done.returncode == 0, done.stderr
+    script = done.stdout
+    assert "#SBATCH --nodes=2" in script and "--ntasks-per-node=8" in script  # one task per GCD
+    launch = script[script.index("srun"):]
+    assert "-m scalerun.doctor.rank" in launch and "--site=lumi-g" in launch and "--max-bytes=8M" in launch
+
+
+@pytest.mark.slurm
+def test_two_slurm_nodes_submitted_and_followed(slurm_cluster, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerun", "doctor", "--nodes", "2", "--nproc-per-node", "2", "--bisect",
+         "--run-dir", str(tmp_path), *SMALL],
+        cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "submitted job" in out
+    assert "scalerun doctor: 4 rank(s) on 2 node(s), launcher slurm, backend gloo" in out
+    assert "node nid000001: 2 rank(s)" in out and "node nid000002: 2 rank(s)" in out
+    assert "PASS  world-size   4 rank(s) on 2 node(s)" in out
+    assert "PASS  bad-nodes    no bad node found (1 probe(s) in 1 round(s))" in out
+    assert "PASS  all-reduce   exact sums on all 4 rank(s)" in out
