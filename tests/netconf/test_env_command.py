@@ -77,3 +77,26 @@ def test_init_applies_the_rank_environment(tmp_path: Path) -> None:
     assert out["inductor"] == "/tmp/bob-scalerun-cache-5-node0/inductor"
     assert Path(out["inductor"]).is_dir()
     assert int(out["omp"]) == out["threads"] == len(out["cpus"]) <= cores
+
+
+def test_exec_gives_a_plain_program_the_decided_environment() -> None:
+    step = {"USER": "carol", "SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "n1",
+            "SLURM_STEP_TASKS_PER_NODE": "2", "TORCHINDUCTOR_CACHE_DIR": "/tmp/mine"}
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+            "PYTHONPATH": str(Path.cwd() / "src")}
+    show = "import json, os; print(json.dumps(dict(os.environ)))"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerun", "exec", "--", sys.executable, "-c", show],
+        capture_output=True, text=True, env={**base, **step}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    env = json.loads(result.stdout)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("1", "2", "n1")
+    assert int(env["OMP_NUM_THREADS"]) >= 1
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/mine"  # the user's value is kept
+    off = subprocess.run(
+        [sys.executable, "-m", "scalerun", "exec", "--", sys.executable, "-c", show],
+        capture_output=True, text=True, env={**base, **step, "SCALERUN_NETCONF": "0"},
+        timeout=60)
+    assert "OMP_NUM_THREADS" not in json.loads(off.stdout)

@@ -102,6 +102,26 @@ def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str
     return added, kept
 
 
+def decided_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The rank's communication, thread and cache variables (``scalerun env``), so that a
+    program that is not scalerun-aware gets what ``scalerun.init()`` would set.
+
+    The user's values are never replaced; ``SCALERUN_NETCONF=0`` turns this off.
+    """
+    if environ.get("SCALERUN_NETCONF", "1") == "0":
+        return {}
+    from scalerun.errors import TopologyError
+    from scalerun.netconf.apply import apply_decision
+    from scalerun.netconf.current import decide_for_current_rank
+
+    try:
+        decision = decide_for_current_rank(environ=environ).decision
+    except TopologyError as error:
+        print(f"scalerun exec: rank environment not decided: {error}", file=sys.stderr)
+        return {}
+    return apply_decision(decision, {})
+
+
 def srun_cpu_bind_here(
     ranks_per_node: int,
     reserved: str,
@@ -153,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise LaunchError("scalerun exec needs a command: scalerun exec -- python train.py")
     added, kept = exported_env(os.environ, args.env)
+    added.update(decided_env({**os.environ, **added}))
     for note in kept:
         print(f"scalerun exec: {note}", file=sys.stderr)
     if args.verbose:
