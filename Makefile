@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 DEMO_ARGS ?= --model tiny --epochs 3 --batch-size 32
 
-.PHONY: demo test lint cluster-up cluster-down clean
+.PHONY: demo test lint extras cluster-up cluster-down clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,21 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# Optional strategies, tested for real by `make test`: DeepSpeed from PyPI, and Horovod
+# 0.28.1 built once against this torch (C++17 patch) and cached under ~/.cache/scalerun.
+$(VENV)/.extras: $(VENV)/.installed scripts/install_horovod.sh
+	$(PY) -m pip install -q -e '.[test,deepspeed]'
+	# DeepSpeed JIT-compiles its CPU comm op on first use (~1 min): do it here, not in a test
+	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null
+	scripts/install_horovod.sh $(PY)
+	touch $@
+
+extras: $(VENV)/.extras
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q
 

@@ -210,6 +210,14 @@ CASES = [
         {k: v for k, v in OMPI.items() if k != "MASTER_ADDR"},
         dict(master_addr=None, num_nodes=2),
     ),
+    (
+        "horovodrun --gloo, 2 hosts x 2",
+        {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+         "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+         "MASTER_ADDR": "host-a"},
+        dict(launcher="horovod", rank=3, local_rank=1, node_rank=1, num_nodes=2,
+             master_addr="host-a"),
+    ),
     ("mpich hydra", PMI, dict(launcher="pmi", rank=3, local_rank=3, world_size=4)),
     (
         "deepspeed launcher",

@@ -23,6 +23,12 @@ Run it (a synthetic data file is written on first use under runs/vit/):
     srun singularity exec $SIF python examples/vit/train.py --model b16 --epochs 4 \
         --data /appl/local/training/LUMI-AI-Guide/tiny-imagenet-dataset.hdf5 --no-generate
 
+Switch strategy with one flag (the loop is the same; docs/strategies.md):
+
+    scalerun launch --nproc-per-node 2 examples/vit/train.py --strategy fsdp      # or deepspeed, horovod
+    # resumable: saves each epoch under the folder, continues from it when started again
+    scalerun launch --nproc-per-node 2 examples/vit/train.py --checkpoint runs/vit/ckpt
+
 ``--batch-size`` is per rank, as in the course: N ranks train with a global batch of
 N x 32 (weak scaling), so the learning rate may need tuning at large N.
 """
@@ -45,8 +51,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import scalerun
+from scalerun import checkpoint
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
+from scalerun.runtime.wrap import STRATEGIES, Wrapped
 
 
 def positive(text: str) -> int:
@@ -71,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="seeds data file, split, weights, shuffle (default 0)")
     add("--num-workers", type=int, default=None, help="loader workers per rank (default: by CPUs)")
     add("--out", type=Path, default=Path("runs/vit/model.pt"), help="weights file (rank 0 writes)")
+    add("--strategy", choices=STRATEGIES, default="ddp",
+        help="ddp (default), fsdp, deepspeed (ZeRO-2) or horovod")
+    add("--checkpoint", type=Path, help="checkpoint folder: resume from it, save to it each epoch")
     return parser
 
 
@@ -96,9 +107,8 @@ def open_dataset(args: argparse.Namespace, ctx: Context) -> HDF5Dataset:
 
 
 def train_epoch(
-    model: nn.Module,
+    model: Wrapped,
     loader: DataLoader,
-    optimizer: torch.optim.Optimizer,
     device: torch.device,
     max_steps: int | None,
 ) -> tuple[float, int, int]:
@@ -109,9 +119,8 @@ def train_epoch(
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over ranks here
-        optimizer.step()
+        model.backward(loss)  # gradients are averaged (or sharded) over ranks here
+        model.step()  # optimizer step and zero grad, the same for every strategy
         loss_sum += loss.detach() * len(labels)  # stays on the device: no sync per step
         seen += len(labels)
         steps += 1
@@ -122,12 +131,23 @@ def train_epoch(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> tuple[float, int, int]:
-    """(loss sum, correct, count) over this rank's part of the validation set."""
+    """(loss sum, correct, count) over this rank's part of the validation set.
+
+    Every rank runs as many forward passes as the rank with the most batches: sharded
+    models (FSDP, ZeRO-3) gather weights in each one, with all ranks. A rank short of
+    batches repeats its first one and does not count it.
+    """
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
-    for images, labels in loader:
+    batches, first = iter(loader), None
+    for _ in range(scalerun.reduce(len(loader), op="max")):
+        batch = next(batches, None)
+        first = first or batch
+        images, labels = batch or first
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         logits = model(images)
+        if batch is None:
+            continue
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += int((logits.argmax(dim=1) == labels).sum())
         count += len(labels)
@@ -148,11 +168,11 @@ def describe_run(
     )
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
+def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
     """Write the state dict to a temporary file, then rename: never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(model.state_dict(), tmp)
+    torch.save(state, tmp)
     os.replace(tmp, path)
 
 
@@ -182,25 +202,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         val_set, batch_size=2 * args.batch_size, train=False, num_workers=args.num_workers
     )
 
-    model = scalerun.wrap(ViT(vit_config(args.model, dataset.num_classes)))
-    raw_model = model.module  # unwrapped once: evaluation and saving use it
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scalerun.print(describe_run(args, ctx, threads, raw_model, dataset.path, len(train_set)))
+    vit = ViT(vit_config(args.model, dataset.num_classes))
+    scalerun.print(describe_run(args, ctx, threads, vit, dataset.path, len(train_set)))
+    model = scalerun.wrap(vit, torch.optim.Adam(vit.parameters(), lr=args.lr),
+                          strategy=args.strategy, micro_batch_size=args.batch_size)
+    scalerun.print(model.describe())
 
     start = time.perf_counter()
-    step = 0
-    for epoch in range(1, args.epochs + 1):
+    step, first_epoch = 0, 1
+    resumed = checkpoint.load(args.checkpoint, model, loader=train_loader) if args.checkpoint else None
+    if resumed is not None:
+        step, first_epoch = resumed.step, resumed.epoch + 1
+        scalerun.print(f"resumed from {resumed.path}: step {step}, epoch {first_epoch}")
+    for epoch in range(first_epoch, args.epochs + 1):
+        if args.max_steps and step >= args.max_steps:
+            break
         epoch_start = time.perf_counter()
         steps_left = args.max_steps - step if args.max_steps else None
-        loss_sum, seen, steps = train_epoch(model, train_loader, optimizer, ctx.device, steps_left)
+        loss_sum, seen, steps = train_epoch(model, train_loader, ctx.device, steps_left)
         step += steps
         train_s = scalerun.reduce(time.perf_counter() - epoch_start, op="max")  # slowest rank
         train_loss = scalerun.reduce(loss_sum) / scalerun.reduce(seen)
         images_per_s = scalerun.reduce(seen) / train_s
 
-        # The unwrapped model: ranks hold different numbers of validation batches, and
-        # the DDP wrapper may sync in forward, which would then wait for a missing rank.
-        val_loss, correct, count = evaluate(raw_model, val_loader, ctx.device)
+        val_loss, correct, count = evaluate(model, val_loader, ctx.device)
         correct, count = scalerun.reduce(correct), scalerun.reduce(count)  # exact int sums
         val_loss = scalerun.reduce(val_loss) / count
         scalerun.print(
@@ -208,11 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"val accuracy {100 * correct / count:.2f}% ({correct}/{count}), "
             f"{images_per_s:.0f} images/s, elapsed {time.perf_counter() - start:.1f} s"
         )
-        if args.max_steps and step >= args.max_steps:
-            break
+        if args.checkpoint:
+            checkpoint.save(args.checkpoint, model, step=step, loader=train_loader, keep_last=2)
 
+    state = model.full_state_dict()  # every rank takes part: FSDP and ZeRO-3 gather it
     if ctx.is_main:  # one copy, without DDP's "module." prefix
-        save_weights(raw_model, args.out)
+        save_weights(state, args.out)
         print(f"saved {args.out}", flush=True)
     scalerun.shutdown()
     return 0

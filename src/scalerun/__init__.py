@@ -30,6 +30,7 @@ __all__ = [
     "shutdown",
     "barrier",
     "context",
+    "checkpoint",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,4 +43,8 @@ def __getattr__(name: str) -> Any:
         from scalerun.runtime import api
 
         return getattr(api, name)
+    if name == "checkpoint":
+        import importlib
+
+        return importlib.import_module("scalerun.checkpoint")
     raise AttributeError(f"module 'scalerun' has no attribute {name!r}")

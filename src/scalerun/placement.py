@@ -52,7 +52,8 @@ class Placement:
     """Rendezvous host; None where the launcher gives no way to know it (multi-node MPI)."""
     master_port: int
     launcher: str
-    """Which launcher set the variables: torchrun, slurm, openmpi, pmi, deepspeed, single."""
+    """Which launcher set the variables: torchrun, deepspeed, horovod, slurm, openmpi, pmi,
+    env (RANK/WORLD_SIZE exported by hand) or single."""
     hosts: tuple[str, ...] = ()
     """The job's nodes in order, where the launcher tells them."""
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -340,6 +341,20 @@ def _from_openmpi(environ: Mapping[str, str]) -> Placement | None:
     )
 
 
+def _from_horovod(environ: Mapping[str, str]) -> Placement | None:
+    """``horovodrun --gloo``: HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, ranks node by node."""
+    if "HOROVOD_RANK" not in environ:
+        return None
+    return _from_mpi(
+        environ,
+        launcher="horovod",
+        rank_var="HOROVOD_RANK",
+        size_var="HOROVOD_SIZE",
+        local_rank_var="HOROVOD_LOCAL_RANK",
+        local_size_var="HOROVOD_LOCAL_SIZE",
+    )
+
+
 def _from_pmi(environ: Mapping[str, str]) -> Placement | None:
     """MPICH / Intel MPI (hydra) and other PMI launchers: PMI_RANK, PMI_SIZE, MPI_LOCAL*."""
     if "PMI_RANK" not in environ:
@@ -430,6 +445,7 @@ Detector = Callable[[Mapping[str, str]], "Placement | None"]
 DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("torchrun", _from_torchrun),  # may run inside an sbatch script: before SLURM
     ("deepspeed", _from_deepspeed),  # same reason
+    ("horovod", _from_horovod),  # horovodrun may also run inside an sbatch script
     ("slurm", _from_slurm),  # only inside an srun step, never a batch or salloc shell
     ("openmpi", _from_openmpi),
     ("pmi", _from_pmi),  # Cray's srun sets PMI_RANK too: after SLURM
@@ -457,6 +473,7 @@ def launcher_name(environ: Mapping[str, str] | None = None) -> str:
     checks = {
         "torchrun": "TORCHELASTIC_RUN_ID" in env,
         "deepspeed": "CROSS_RANK" in env and "RANK" in env,
+        "horovod": "HOROVOD_RANK" in env,
         "slurm": _is_slurm_step(env),
         "openmpi": "OMPI_COMM_WORLD_RANK" in env,
         "pmi": "PMI_RANK" in env,

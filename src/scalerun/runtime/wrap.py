@@ -1,7 +1,20 @@
-"""``scalerun.wrap``: put a model on this rank's device behind a data-parallel wrapper.
+"""``scalerun.wrap``: one training loop for DDP, FSDP, DeepSpeed ZeRO and Horovod.
 
-Only DDP exists so far; the other strategies (FSDP, DeepSpeed, Horovod) arrive behind
-the same call and raise a clear error until then.
+The course rewrites its loop for each framework (``loss.backward()`` for DDP,
+``model_engine.backward(loss)`` for DeepSpeed, a wrapped optimizer for Horovod). Here
+the loop is written once against :class:`Wrapped`; the strategy is one argument.
+
+Two ways to use it, both supported for good:
+
+- ``model = scalerun.wrap(model)`` (no optimizer): a module to call, with ``.module``,
+  ``.parameters()``, ``.train()``; the user's optimizer and ``loss.backward()`` work as
+  with DDP. Only DDP and FSDP can be used this way.
+- ``model = scalerun.wrap(model, optimizer, strategy=...)``: the loop calls
+  ``model.backward(loss)`` and ``model.step()``, which add gradient accumulation,
+  clipping, mixed precision and the LR scheduler the same way for every strategy.
+
+This module decides the loop's bookkeeping (which micro-batch ends an accumulation
+cycle); how gradients travel is each strategy's business (``runtime/strategies``).
 """
 
 from __future__ import annotations
@@ -9,29 +22,154 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
+from torch import nn
 
-from scalerun.errors import ScalerunError
+from scalerun.runtime import strategies
 from scalerun.runtime.init import context
+from scalerun.runtime.strategies.base import (
+    OptimizerArg,
+    SchedulerArg,
+    Strategy,
+    TrainSettings,
+    build_scheduler,
+    check_precision,
+)
+from scalerun.runtime.strategies.memory import HeldBytes
 
-STRATEGIES = ("ddp",)
+STRATEGIES = strategies.NAMES
 
 
-def wrap(model: torch.nn.Module, *, strategy: str = "ddp", **options: Any) -> torch.nn.Module:
-    """Move ``model`` to the rank's device and wrap it for data parallelism.
+class Wrapped(nn.Module):
+    """The model as a strategy distributed it, plus the loop's step logic.
 
-    DDP options default to what current torch recommends: gradients as bucket views
-    (saves a copy of the gradients), no search for unused parameters (slow, and only
-    needed by models with branches; pass ``find_unused_parameters=True`` then).
-    The plain model stays reachable as ``.module``.
+    It is an ``nn.Module`` whose only child is the user's model (``.module``, also
+    ``.unwrapped``), so ``parameters()``, ``state_dict()`` (keys prefixed ``module.``,
+    as with DDP) and ``train()/eval()`` behave as they did with a DDP wrapper.
     """
-    if strategy not in STRATEGIES:
-        raise ScalerunError(
-            f"strategy {strategy!r} is not available; use one of {', '.join(STRATEGIES)}"
-        )
+
+    def __init__(self, strategy: Strategy, scheduler: Any = None) -> None:
+        super().__init__()
+        assert strategy.unwrapped is not None and strategy.engine is not None
+        self.module = strategy.unwrapped
+        # The engine (DDP wrapper, DeepSpeed engine) wraps the same parameters; kept out of
+        # the module tree so that parameters and state-dict keys are listed once.
+        object.__setattr__(self, "engine", strategy.engine)
+        self.strategy = strategy
+        self.scheduler = scheduler
+        self.micro_steps = 0
+        """Micro-batches completed through :meth:`step`; checkpoints derive the data
+        loader's position from it."""
+        self.optimizer_steps = 0
+        """Optimizer steps taken (one per accumulation cycle)."""
+        self.cycle_position = 0
+        """Micro-batches already accumulated in the current cycle."""
+
+    # -- what the loop calls -------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.training and torch.is_grad_enabled():
+            self.strategy.set_sync(self.ends_cycle)
+        args, kwargs = self.strategy.prepare_inputs(args, kwargs)
+        with self.strategy.forward_context():
+            return self.engine(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's loss: scaled for accumulation and fp16 as needed."""
+        self.strategy.backward(loss)
+
+    def step(self) -> bool:
+        """End one micro-batch; on the last of a cycle: clip, optimizer step, zero grad,
+        scheduler step. Returns True when the optimizer stepped."""
+        stepped = self.strategy.step(self.ends_cycle)
+        if stepped:
+            self.optimizer_steps += 1
+            if self.scheduler is not None:
+                self.scheduler.step()
+        self.micro_steps += 1
+        self.cycle_position = 0 if stepped else self.cycle_position + 1
+        return stepped
+
+    def train(self, mode: bool = True) -> Wrapped:
+        super().train(mode)
+        self.strategy.train(mode)
+        return self
+
+    # -- what the loop may read ----------------------------------------------------
+    @property
+    def ends_cycle(self) -> bool:
+        """True when the coming micro-batch is the last of its accumulation cycle."""
+        return self.cycle_position + 1 >= self.accumulation
+
+    @property
+    def mid_cycle(self) -> bool:
+        """True when gradients of an unfinished accumulation cycle are pending."""
+        return self.cycle_position != 0
+
+    @property
+    def accumulation(self) -> int:
+        return self.strategy.accumulation
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        """The user's model (sharded in place under FSDP and ZeRO-3)."""
+        return self.module
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer that steps: the user's, or the strategy's wrapper around it."""
+        return self.strategy.optimizer
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """Global gradient norm before clipping, at the last step (only when clipping)."""
+        return self.strategy.grad_norm
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on every rank, whatever the sharding. A collective."""
+        return self.strategy.full_state_dict()
+
+    def held_bytes(self) -> HeldBytes:
+        """Bytes of parameters, gradients and optimizer state this rank holds now."""
+        return self.strategy.held_bytes()
+
+    def describe(self) -> str:
+        """One line for the log: strategy, ranks and what was sharded."""
+        extra = f", accumulation {self.accumulation}" if self.accumulation > 1 else ""
+        return self.strategy.describe() + extra
+
+
+def wrap(
+    model: nn.Module,
+    optimizer: OptimizerArg = None,
+    *,
+    strategy: str = "ddp",
+    scheduler: SchedulerArg = None,
+    accumulation: int | None = None,
+    clip_grad_norm: float | None = None,
+    precision: str | None = None,
+    micro_batch_size: int | None = None,
+    **options: Any,
+) -> Wrapped:
+    """Distribute ``model`` with ``strategy`` over the ranks of :func:`scalerun.init`.
+
+    optimizer: a torch optimizer, or a function of the parameters that builds one (build
+        it before wrapping either way: FSDP re-points it at the sharded parameters).
+    strategy: "ddp", "fsdp", "deepspeed" or "horovod" (docs/strategies.md).
+    scheduler: an LR scheduler, or a function of the optimizer that builds one; stepped
+        once per optimizer step.
+    accumulation: micro-batches per optimizer step; gradients sync only on the last.
+    clip_grad_norm: clip the global gradient norm before each optimizer step.
+    precision: "fp32" (default), "bf16" or "fp16" (with a gradient scaler).
+    micro_batch_size: per-rank batch size; DeepSpeed needs it unless its config says.
+    options: the strategy's own, e.g. ``bucket_cap_mb`` (ddp), ``reshard_after_forward``
+        (fsdp), ``config="ds_config.json"`` / ``zero_stage`` (deepspeed). Unknown names
+        raise a ScalerunError listing the accepted ones.
+    """
     ctx = context()
-    model = model.to(ctx.device)
-    options.setdefault("gradient_as_bucket_view", True)
-    options.setdefault("find_unused_parameters", False)
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, **options)
+    settings = TrainSettings(
+        accumulation=accumulation, clip_grad_norm=clip_grad_norm,
+        precision=precision, micro_batch_size=micro_batch_size,
+    )
+    check_precision(settings.precision, ctx.device)
+    chosen = strategies.create(strategy, ctx, settings, options)
+    chosen.setup(model, optimizer)
+    return Wrapped(chosen, build_scheduler(scheduler, chosen.torch_optimizer))

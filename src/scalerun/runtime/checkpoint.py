@@ -1,0 +1,449 @@
+"""Checkpoints that survive a crash and resume a run exactly: ``scalerun.checkpoint``.
+
+Decides the on-disk layout and the order of writes; each strategy decides only how its
+model and optimizer state is written (``Strategy.save_state``: two torch files for
+replicated strategies, DCP shards for FSDP, DeepSpeed's own format for ZeRO)::
+
+    <path>/latest                 name of the last complete checkpoint (replaced atomically)
+    <path>/step-00000120/         one complete checkpoint
+        meta.json                 step, strategy, world size, loader position (written last)
+        loop.pt                   scheduler, gradient scaler, step counters, user's extra
+        rank-00000.pt ...         per-rank RNG states (torch, CUDA, numpy, random, loader)
+        model.pt optimizer.pt | dcp/ | deepspeed/   the strategy's files
+    <path>/.tmp-step-00000130/    a save in progress; never read, removed by the next save
+
+A save writes into the temporary folder, flushes it to disk, renames it, then replaces
+the ``latest`` pointer: a crash or ``kill -9`` at any moment leaves the previous
+checkpoint whole and pointed to. Every rank must call :func:`save` and :func:`load`
+(they are collectives), and ``path`` must be on a file system all ranks share.
+
+Checkpoint files are pickles: load only checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import shutil
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from scalerun import __version__
+from scalerun.errors import ScalerunError
+from scalerun.runtime.context import Context
+from scalerun.runtime.init import barrier, context
+from scalerun.runtime.strategies.base import Strategy
+from scalerun.runtime.strategies.replicated import PlainModel
+from scalerun.runtime.wrap import Wrapped
+
+POINTER = "latest"
+PREFIX = "step-"
+TEMPORARY = ".tmp-"
+META = "meta.json"
+LOOP = "loop.pt"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a loaded checkpoint puts the run."""
+
+    step: int
+    """Optimizer steps done (the ``step`` given to :func:`save`)."""
+    epoch: int
+    """Epoch to continue in; its first ``batch`` batches are skipped by the loader."""
+    batch: int
+    """Batches of ``epoch`` already done, for this run's world size and batch size."""
+    extra: Any
+    """What was passed to :func:`save` as ``extra``."""
+    path: Path
+    saved_world_size: int
+
+
+# -- where checkpoints are -----------------------------------------------------------
+def step_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def is_complete(directory: Path) -> bool:
+    """A checkpoint folder is complete once its meta.json exists (it is written last)."""
+    return directory.name.startswith(PREFIX) and (directory / META).is_file()
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest step first."""
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if d.is_dir() and is_complete(d)]
+    return sorted(found, key=lambda d: d.name)
+
+
+def latest(path: str | os.PathLike) -> Path | None:
+    """The checkpoint to resume from: ``path`` itself if it is one, else what ``latest``
+    names, else the newest complete one (the pointer was lost in a crash); None if none."""
+    root = Path(path)
+    if is_complete(root):
+        return root
+    pointer = root / POINTER
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if is_complete(named):
+            return named
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+# -- save --------------------------------------------------------------------------------
+def save(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: Any = None,
+    *,
+    step: int | None = None,
+    loader: DataLoader | None = None,
+    position: tuple[int, int] | None = None,
+    extra: Any = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Write a checkpoint of the run under ``path``; every rank calls it. Returns its folder.
+
+    model: what :func:`scalerun.wrap` returned (any strategy), or a plain / DDP module.
+    optimizer: only for a module scalerun did not wrap (a wrapped one knows its own).
+    step: optimizer steps done (default: the wrapped model's count).
+    loader: the training loader whose position to save. The position is
+        ``(epoch, batches done in it)``, derived from the wrapped model's micro-batch
+        count when every epoch so far ran whole; pass ``position=`` otherwise.
+    extra: anything picklable to get back from :func:`load` (metrics, config).
+    keep_last: delete older complete checkpoints, keeping this many.
+    """
+    ctx = context()
+    state, wrapped = _strategy_of(ctx, model, optimizer)
+    if wrapped is not None and wrapped.mid_cycle:
+        raise ScalerunError(
+            f"save() called {wrapped.cycle_position} micro-batch(es) into an accumulation cycle of "
+            f"{wrapped.accumulation}; save right after a step() that returned True"
+        )
+    if keep_last is not None and keep_last < 1:
+        raise ScalerunError(f"keep_last={keep_last} must be at least 1 (or None to keep all)")
+    step = _step_of(step, wrapped)
+    meta = _meta(ctx, state, step, _position_of(loader, position, wrapped), loader)
+    rank_state = _rank_state(loader)  # before any I/O, so nothing can move the RNGs first
+    root = Path(path)
+    temporary = root / f"{TEMPORARY}{step_name(step)}"
+    if ctx.rank == 0:
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+    barrier()
+    state.save_state(temporary)
+    torch.save(rank_state, temporary / f"rank-{ctx.rank:05d}.pt")
+    barrier()
+    if ctx.rank == 0:
+        torch.save(_loop_state(state, wrapped, extra), temporary / LOOP)
+        _write_json(temporary / META, meta)
+        final = _publish(root, temporary, step_name(step))
+        _prune(root, keep_last, final)
+    barrier()
+    return root / step_name(step)
+
+
+def _strategy_of(ctx: Context, model: nn.Module, optimizer: Any) -> tuple[Strategy, Wrapped | None]:
+    if isinstance(model, Wrapped):
+        own = (None, model.optimizer, model.strategy.torch_optimizer)
+        if not any(optimizer is o for o in own):
+            raise ScalerunError(
+                "save()/load() got an optimizer that is not the wrapped model's; leave optimizer= "
+                "out: the object scalerun.wrap() returned knows its own"
+            )
+        return model.strategy, model
+    if not isinstance(model, nn.Module):
+        raise ScalerunError(f"save()/load() needs the model (an nn.Module), got {type(model).__name__}")
+    return PlainModel(ctx, model, optimizer), None
+
+
+def _step_of(step: int | None, wrapped: Wrapped | None) -> int:
+    if step is None:
+        if wrapped is None:
+            raise ScalerunError("save() needs step= for a model scalerun.wrap() did not return")
+        return wrapped.optimizer_steps
+    if not isinstance(step, int) or step < 0:
+        raise ScalerunError(f"step={step!r} must be a whole number >= 0")
+    return step
+
+
+def _position_of(
+    loader: DataLoader | None, position: tuple[int, int] | None, wrapped: Wrapped | None
+) -> tuple[int, int] | None:
+    """(epoch, batches done in it) of ``loader``, given or derived from the batch count."""
+    if loader is None:
+        return None
+    if position is not None:
+        epoch, batch = position
+        return int(epoch), int(batch)
+    if wrapped is None:
+        raise ScalerunError(
+            "save(loader=...) needs position=(epoch, batches_done) for a model scalerun.wrap() "
+            "did not return (the wrapped one counts its batches)"
+        )
+    per_epoch = len(loader)
+    return divmod(wrapped.micro_steps, per_epoch) if per_epoch else (0, 0)
+
+
+def _meta(
+    ctx: Context, state: Strategy, step: int, position: tuple[int, int] | None, loader: DataLoader | None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "strategy": state.name,
+        "checkpoint_format": state.checkpoint_format,
+        "world_size": ctx.world_size,
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "scalerun": __version__,
+        **state.checkpoint_meta(),
+    }
+    if position is not None and loader is not None:
+        meta["loader"] = {"epoch": position[0], "batch": position[1], "batch_size": loader.batch_size}
+    return meta
+
+
+def _rank_state(loader: DataLoader | None) -> dict[str, Any]:
+    """Everything random this rank will draw from next: dropout, augmentation, shuffles."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if loader is not None and loader.generator is not None:
+        state["loader_generator"] = loader.generator.get_state()
+    return state
+
+
+def _loop_state(state: Strategy, wrapped: Wrapped | None, extra: Any) -> dict[str, Any]:
+    loop: dict[str, Any] = {"extra": extra}
+    if wrapped is not None:
+        loop["micro_steps"] = wrapped.micro_steps
+        loop["optimizer_steps"] = wrapped.optimizer_steps
+        if wrapped.scheduler is not None:
+            loop["scheduler"] = wrapped.scheduler.state_dict()
+    scaler = getattr(state, "scaler", None)
+    if scaler is not None:
+        loop["scaler"] = scaler.state_dict()
+    return loop
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Force every file and folder under ``directory`` to disk before it is published."""
+    for folder, _, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(folder))
+
+
+def _fsync_dir(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def _publish(root: Path, temporary: Path, name: str) -> Path:
+    """Rename the finished folder into place, then point ``latest`` at it."""
+    _fsync_tree(temporary)
+    final = root / name
+    if final.exists():  # the same step saved again (a resumed run): replace it
+        stale = root / f"{TEMPORARY}old-{name}"
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
+    temporary.rename(final)
+    pointer = root / f"{TEMPORARY}{POINTER}"
+    pointer.write_text(name + "\n")
+    with open(pointer, "rb") as handle:
+        os.fsync(handle.fileno())
+    pointer.replace(root / POINTER)
+    _fsync_dir(root)
+    return final
+
+
+def _prune(root: Path, keep_last: int | None, final: Path) -> None:
+    """Remove leftovers of crashed saves and, with ``keep_last``, older checkpoints."""
+    for leftover in root.glob(f"{TEMPORARY}*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    if keep_last is None:
+        return
+    older = [d for d in complete_checkpoints(root) if d != final]
+    for directory in older[: max(0, len(older) - (keep_last - 1))]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- load --------------------------------------------------------------------------------
+def load(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: Any = None,
+    *,
+    loader: DataLoader | None = None,
+) -> Resumed | None:
+    """Restore the newest complete checkpoint under ``path``; None when there is none.
+
+    Restores the model, optimizer, scheduler, gradient scaler, step counters and RNG
+    states; with ``loader``, its epoch and the batches to skip, so that the next pass
+    over the loader continues where the saved run was. Every rank calls it.
+    """
+    ctx = context()
+    directory = _agreed_checkpoint(ctx, Path(path))
+    if directory is None:
+        return None
+    meta = json.loads((directory / META).read_text())
+    state, wrapped = _strategy_of(ctx, model, optimizer)
+    _check_format(meta, state, directory)
+    state.load_state(directory, meta)
+    loop = torch.load(directory / LOOP, map_location="cpu", weights_only=False)
+    _restore_loop(loop, state, wrapped)
+    epoch, batch = _restore_loader(loader, meta, ctx) if loader is not None else (0, 0)
+    if wrapped is not None and loader is not None:
+        wrapped.micro_steps = epoch * len(loader) + batch
+    _restore_rank_state(directory / f"rank-{ctx.rank:05d}.pt", loader)
+    barrier()
+    return Resumed(
+        step=int(meta["step"]), epoch=epoch, batch=batch, extra=loop.get("extra"),
+        path=directory, saved_world_size=int(meta["world_size"]),
+    )
+
+
+def _agreed_checkpoint(ctx: Context, root: Path) -> Path | None:
+    """Rank 0 picks the checkpoint and tells the others, so all load the same one."""
+    chosen = [str(found) if (found := latest(root)) is not None else None]
+    if ctx.world_size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(chosen, src=0)
+    return None if chosen[0] is None else Path(chosen[0])
+
+
+def _check_format(meta: dict[str, Any], state: Strategy, directory: Path) -> None:
+    if meta.get("format") != FORMAT_VERSION:
+        raise ScalerunError(
+            f"{directory} has checkpoint format {meta.get('format')!r}; this scalerun reads "
+            f"format {FORMAT_VERSION}"
+        )
+    if meta["checkpoint_format"] != state.checkpoint_format:
+        raise ScalerunError(
+            f"{directory} was written by strategy {meta['strategy']!r} "
+            f"({meta['checkpoint_format']} format) and this run uses {state.name!r}; resume with "
+            f"strategy={meta['strategy']!r}"
+        )
+
+
+def _restore_loop(loop: dict[str, Any], state: Strategy, wrapped: Wrapped | None) -> None:
+    if wrapped is not None:
+        wrapped.micro_steps = int(loop.get("micro_steps", 0))
+        wrapped.optimizer_steps = int(loop.get("optimizer_steps", 0))
+        wrapped.cycle_position = 0
+        if wrapped.scheduler is not None and "scheduler" in loop:
+            wrapped.scheduler.load_state_dict(loop["scheduler"])
+    scaler = getattr(state, "scaler", None)
+    if scaler is not None and "scaler" in loop:
+        scaler.load_state_dict(loop["scaler"])
+
+
+def _restore_rank_state(path: Path, loader: DataLoader | None) -> None:
+    """This rank's RNG states, when the saved run had this rank (else they stay as they are)."""
+    if not path.is_file():
+        return
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if loader is not None and loader.generator is not None and "loader_generator" in state:
+        loader.generator.set_state(state["loader_generator"])
+
+
+# -- the loader's position ---------------------------------------------------------------
+def _restore_loader(loader: DataLoader, meta: dict[str, Any], ctx: Context) -> tuple[int, int]:
+    """Set the sampler's epoch and skip the batches done; returns (epoch, batch)."""
+    saved = meta.get("loader")
+    if saved is None:
+        raise ScalerunError(
+            f"load(loader=...) but the checkpoint in {meta.get('step')} was saved without a "
+            "loader; pass loader= to save() too"
+        )
+    epoch, batch = int(saved["epoch"]), _batches_now(saved, meta, loader, ctx)
+    sampler = loader.sampler
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    if batch:
+        skip_first_batches(loader, batch)
+    return epoch, batch
+
+
+def _batches_now(saved: dict[str, Any], meta: dict[str, Any], loader: DataLoader, ctx: Context) -> int:
+    """Batches to skip in this run: the same samples, for another world or batch size."""
+    done = int(saved["batch"]) * int(saved["batch_size"]) * int(meta["world_size"])
+    per_batch = int(loader.batch_size or 1) * ctx.world_size
+    batches, rest = divmod(done, per_batch)
+    if rest and ctx.rank == 0:
+        warnings.warn(
+            f"the checkpoint had {done} samples of epoch {saved['epoch']} done, not a multiple of "
+            f"{per_batch} (batch x ranks now); {rest} of them will be seen again", stacklevel=3,
+        )
+    return batches
+
+
+class SkipFirst:
+    """A sampler that drops the first indices of its next pass, then passes through.
+
+    Installed in the loader's batch sampler, so that the resumed epoch starts where the
+    saved one stopped without loading the skipped samples.
+    """
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.pending = 0
+
+    def __iter__(self) -> Iterator[int]:
+        indices = iter(self.sampler)
+        pending, self.pending = self.pending, 0
+        for _ in range(pending):
+            next(indices, None)
+        return indices
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sampler":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+def skip_first_batches(loader: DataLoader, batches: int) -> None:
+    """Make the loader's next pass start ``batches`` batches in."""
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None or not hasattr(batch_sampler, "sampler"):
+        raise ScalerunError(
+            "the loader has no batch sampler to resume in (batch_size=None?); build it with "
+            "scalerun.loader(dataset, batch_size=...)"
+        )
+    if not isinstance(batch_sampler.sampler, SkipFirst):
+        batch_sampler.sampler = SkipFirst(batch_sampler.sampler)
+    batch_sampler.sampler.pending = batches * int(loader.batch_size or 1)

@@ -1,0 +1,34 @@
+"""The strategies ``scalerun.wrap`` can use, by name; each is imported only when chosen.
+
+Importing this package imports no strategy module, so neither deepspeed nor horovod is
+touched until a user asks for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from scalerun.errors import ScalerunError
+from scalerun.runtime.context import Context
+from scalerun.runtime.strategies.base import Strategy, TrainSettings, options_from
+
+#: name -> (module, strategy class, options class)
+REGISTRY: dict[str, tuple[str, str, str]] = {
+    "ddp": ("scalerun.runtime.strategies.ddp", "DDPStrategy", "DDPOptions"),
+    "fsdp": ("scalerun.runtime.strategies.fsdp", "FSDPStrategy", "FSDPOptions"),
+    "deepspeed": ("scalerun.runtime.strategies.deepspeed", "DeepSpeedStrategy", "DeepSpeedOptions"),
+    "horovod": ("scalerun.runtime.strategies.horovod", "HorovodStrategy", "HorovodOptions"),
+}
+NAMES = tuple(REGISTRY)
+
+
+def create(name: str, ctx: Context, settings: TrainSettings, options: Mapping[str, Any]) -> Strategy:
+    """The named strategy, its options checked; nothing is set up yet."""
+    if name not in REGISTRY:
+        raise ScalerunError(f"strategy {name!r} is not available; use one of {', '.join(NAMES)}")
+    module_name, class_name, options_name = REGISTRY[name]
+    module = importlib.import_module(module_name)
+    parsed = options_from(getattr(module, options_name), name, options)
+    return getattr(module, class_name)(ctx, settings, parsed)
