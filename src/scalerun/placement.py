@@ -178,6 +178,8 @@ def expand_tasks_per_node(spec: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
 # One reader per launcher; each returns None when its launcher is not the one
 # ---------------------------------------------------------------------------
 
+Detector = Callable[[Mapping[str, str]], "Placement | None"]
+
 
 def _from_torchrun(environ: Mapping[str, str]) -> Placement | None:
     """torchrun / torch elastic: it sets TORCHELASTIC_RUN_ID and the full variable set."""
@@ -327,46 +329,28 @@ def _slurm_local_world_size(
     return world_size // num_nodes, "tasks / nodes"
 
 
-def _from_openmpi(environ: Mapping[str, str]) -> Placement | None:
-    """Open MPI's mpirun: OMPI_COMM_WORLD_* variables."""
-    if "OMPI_COMM_WORLD_RANK" not in environ:
-        return None
-    return _from_mpi(
-        environ,
-        launcher="openmpi",
-        rank_var="OMPI_COMM_WORLD_RANK",
-        size_var="OMPI_COMM_WORLD_SIZE",
-        local_rank_var="OMPI_COMM_WORLD_LOCAL_RANK",
-        local_size_var="OMPI_COMM_WORLD_LOCAL_SIZE",
-    )
+#: MPI-style launchers: (rank, size, local rank, local size) variables. They number
+#: ranks node by node (by-slot mapping, their default) and name no rendezvous host.
+MPI_VARIABLES: dict[str, tuple[str, str, str, str]] = {
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "horovod": ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    # MPICH / Intel MPI (hydra) and Cray PMI
+    "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+}
 
 
-def _from_horovod(environ: Mapping[str, str]) -> Placement | None:
-    """``horovodrun --gloo``: HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, ranks node by node."""
-    if "HOROVOD_RANK" not in environ:
-        return None
-    return _from_mpi(
-        environ,
-        launcher="horovod",
-        rank_var="HOROVOD_RANK",
-        size_var="HOROVOD_SIZE",
-        local_rank_var="HOROVOD_LOCAL_RANK",
-        local_size_var="HOROVOD_LOCAL_SIZE",
-    )
+def _mpi_reader(launcher: str) -> Detector:
+    """The detector of one MPI-style launcher of :data:`MPI_VARIABLES`."""
+    rank_var, size_var, local_rank_var, local_size_var = MPI_VARIABLES[launcher]
 
+    def read(environ: Mapping[str, str]) -> Placement | None:
+        if rank_var not in environ:
+            return None
+        return _from_mpi(environ, launcher=launcher, rank_var=rank_var, size_var=size_var,
+                         local_rank_var=local_rank_var, local_size_var=local_size_var)
 
-def _from_pmi(environ: Mapping[str, str]) -> Placement | None:
-    """MPICH / Intel MPI (hydra) and other PMI launchers: PMI_RANK, PMI_SIZE, MPI_LOCAL*."""
-    if "PMI_RANK" not in environ:
-        return None
-    return _from_mpi(
-        environ,
-        launcher="pmi",
-        rank_var="PMI_RANK",
-        size_var="PMI_SIZE",
-        local_rank_var="MPI_LOCALRANKID",
-        local_size_var="MPI_LOCALNRANKS",
-    )
+    return read
 
 
 def _from_mpi(
@@ -439,16 +423,14 @@ def _single(environ: Mapping[str, str]) -> Placement:
     )
 
 
-Detector = Callable[[Mapping[str, str]], "Placement | None"]
-
 #: Tried in this order; the first that recognises its launcher wins.
 DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("torchrun", _from_torchrun),  # may run inside an sbatch script: before SLURM
     ("deepspeed", _from_deepspeed),  # same reason
-    ("horovod", _from_horovod),  # horovodrun may also run inside an sbatch script
+    ("horovod", _mpi_reader("horovod")),  # horovodrun may also run inside an sbatch script
     ("slurm", _from_slurm),  # only inside an srun step, never a batch or salloc shell
-    ("openmpi", _from_openmpi),
-    ("pmi", _from_pmi),  # Cray's srun sets PMI_RANK too: after SLURM
+    ("openmpi", _mpi_reader("openmpi")),
+    ("pmi", _mpi_reader("pmi")),  # Cray's srun sets PMI_RANK too: after SLURM
     ("env", _from_env_variables),  # RANK/WORLD_SIZE exported by a wrapper script
 )
 
@@ -473,10 +455,8 @@ def launcher_name(environ: Mapping[str, str] | None = None) -> str:
     checks = {
         "torchrun": "TORCHELASTIC_RUN_ID" in env,
         "deepspeed": "CROSS_RANK" in env and "RANK" in env,
-        "horovod": "HOROVOD_RANK" in env,
         "slurm": _is_slurm_step(env),
-        "openmpi": "OMPI_COMM_WORLD_RANK" in env,
-        "pmi": "PMI_RANK" in env,
+        **{name: variables[0] in env for name, variables in MPI_VARIABLES.items()},
         "env": "RANK" in env and "WORLD_SIZE" in env,
     }
     return next((name for name, _ in DETECTORS if checks[name]), "single")

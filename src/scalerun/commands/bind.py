@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from scalerun.binding import RankBinding, apply_affinity, binding_for_rank, plan_binding
 from scalerun.commands.topo import add_node_arguments, load_node
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.launch.process import exec_command
 from scalerun.placement import detect
 from scalerun.topology import Topology, parse_cpulist
 
@@ -91,13 +92,7 @@ def run(args: argparse.Namespace) -> int:
             summary(plan.ranks[local_rank], ranks, source, binding is not None, reason, exported),
             file=sys.stderr,
         )
-    try:
-        os.execvpe(cmd[0], cmd, {**os.environ, **exported})
-    except OSError as error:
-        raise ScalerunError(
-            f"cannot run {cmd[0]!r} ({error.strerror}); check the command and PATH"
-        ) from None
-    return 0  # pragma: no cover - exec does not return
+    exec_command(cmd, exported)
 
 
 def rank_and_size(

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 
 from scalerun.errors import LaunchError, PlacementError
+from scalerun.launch.process import exec_command
 
 NAME = "exec"
 # A differing value of these is a stale export, not a choice: refused, as scalerun.init does.
@@ -178,11 +179,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"scalerun exec: {note}", file=sys.stderr)
     if args.verbose:
         print("scalerun exec: " + " ".join(f"{k}={v}" for k, v in added.items()), file=sys.stderr)
-    sys.stdout.flush()
-    try:
-        os.execvpe(command[0], command, {**os.environ, **added})
-    except OSError as error:
-        raise LaunchError(
-            f"cannot run {command[0]!r}: {error.strerror}; check the command and PATH"
-        ) from None
-    return 0  # pragma: no cover - execvpe does not return
+    exec_command(command, added)
