@@ -37,11 +37,11 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
 test: $(VENV)/.installed $(VENV)/.extras
-	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff check src tests examples benchmarks scripts
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff check src tests examples benchmarks scripts
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
 # clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf
