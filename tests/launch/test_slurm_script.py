@@ -420,6 +420,12 @@ USER_ERRORS = [
         "--time 'forever' is not a SLURM time",
     ),
     (["launch", "--nodes", "2", "--site", "nope", "--dry-run"], "no site profile 'nope'"),
+    # an explicit 0 is a SLURM request that SLURM cannot meet, never a local run or a default
+    (["launch", "--nodes", "0"], "--nodes 0: must be at least 1"),
+    (["launch", "--nodes", "0", "--dry-run"], "--nodes 0: must be at least 1"),
+    (["launch", "--nodes", "1", "--ntasks-per-node", "0", "--dry-run"], "--ntasks-per-node 0"),
+    (["launch", "--nodes", "1", "--cpus-per-task", "0", "--dry-run"], "--cpus-per-task at least 1"),
+    (["launch", "--nodes", "1", "--gpus-per-node", "-3", "--dry-run"], "--gpus-per-node -3"),
     (["launch", "--nodes", "2", "--env", "1X=y", "--dry-run"], "--env '1X=y' is not NAME=VALUE"),
     (["launch", "--mode", "torchrun", "--ntasks-per-node", "2", "--dry-run"], "one task per node"),
     (

@@ -104,3 +104,25 @@ def test_latest_accepts_a_checkpoint_folder_itself(tmp_path: Path) -> None:
     make_checkpoint(tmp_path, 6)
     assert latest(chosen) == chosen
     assert latest(tmp_path / "missing") is None
+
+
+def test_a_crash_while_replacing_the_same_step_keeps_the_old_copy(tmp_path) -> None:
+    """Saving step N again moves the old step-N aside first; a crash right after that
+    rename must not lose it: the next lookup puts it back, and pruning never deletes it."""
+    from scalerun.runtime.checkpoint import META, POINTER, REPLACED, _prune, latest, step_name
+
+    name = step_name(7)
+    stale = tmp_path / f"{REPLACED}{name}"
+    stale.mkdir()
+    (stale / META).write_text("{}")
+    (tmp_path / POINTER).write_text(name + "\n")
+    (tmp_path / ".tmp-step-00000008").mkdir()  # an unfinished save: a real leftover
+    assert latest(tmp_path) == tmp_path / name
+    assert (tmp_path / name / META).is_file() and not stale.exists()
+    stale.mkdir()  # the same crash again, this time met first by the next save's pruning
+    (stale / META).write_text("{}")
+    (tmp_path / name / META).unlink()
+    (tmp_path / name).rmdir()
+    _prune(tmp_path, None, tmp_path / step_name(9))
+    assert (tmp_path / name / META).is_file()
+    assert not (tmp_path / ".tmp-step-00000008").exists()

@@ -440,3 +440,16 @@ def test_horovodrun_itself_starts_a_scalerun_script(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok horovod 0 0 2 2 True" in result.stdout
     assert "ok horovod 1 1 2 2 True" in result.stdout
+
+
+def test_horovod_environment_keeps_the_users_tunables_and_refuses_stale_rendezvous() -> None:
+    from scalerun.errors import ScalerunError
+    from scalerun.runtime.strategies.horovod import merge_horovod_environment
+
+    wanted = {"HOROVOD_GLOO_IFACE": "hsn0", "HOROVOD_CPU_OPERATIONS": "gloo",
+              "HOROVOD_GLOO_RENDEZVOUS_PORT": "4100", "HOROVOD_SIZE": "4"}
+    merged = merge_horovod_environment(wanted, {"HOROVOD_GLOO_IFACE": "ib0",
+                                                "HOROVOD_SIZE": "4"})
+    assert merged == {"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4100"}
+    with pytest.raises(ScalerunError, match="HOROVOD_GLOO_RENDEZVOUS_PORT=9999"):
+        merge_horovod_environment(wanted, {"HOROVOD_GLOO_RENDEZVOUS_PORT": "9999"})

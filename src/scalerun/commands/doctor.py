@@ -22,7 +22,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args, to_argv
+from scalerun.doctor.options import (
+    DoctorError,
+    DoctorOptions,
+    add_check_arguments,
+    options_from_args,
+    to_argv,
+)
 
 RANK_MODULE = "scalerun.doctor.rank"
 
@@ -60,7 +66,7 @@ def way_in(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     if launcher_name(environ) != "single":
         return "rank"
     flags = [dest for dest in slurm_cli.SLURM_DESTS if dest != "site"]
-    if any(getattr(args, dest, None) not in (None, False, []) for dest in flags):
+    if any(slurm_cli.given(getattr(args, dest, None)) for dest in flags):
         return "slurm"
     return "local"
 
@@ -74,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
         return rank.run(options)
     if way == "slurm":
         return submit(args, options)
-    return run_here(options, args.nproc_per_node or 1)
+    nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
+    if nproc < 1:
+        raise DoctorError(f"--nproc-per-node {nproc} starts no rank; give 1 or more")
+    return run_here(options, nproc)
 
 
 def run_here(options: DoctorOptions, nproc: int) -> int:

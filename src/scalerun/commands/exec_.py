@@ -138,6 +138,12 @@ def srun_cpu_bind_here(
     ``SLURM_CPUS_ON_NODE``; elsewhere, or in an ``salloc`` shell on a login node, masks
     planned here could name CPUs the job does not have, so binding is left to SLURM.
     """
+    from scalerun.topology import parse_cpulist
+
+    if ranks_per_node < 1:
+        raise LaunchError(f"--srun-cpu-bind {ranks_per_node}: give the ranks per node, 1 or more")
+    # a bad --reserved comes from a site profile: an error, never binding quietly switched off
+    skipped = parse_cpulist(reserved, what="--reserved") if reserved else frozenset()
     allowed = frozenset(os.sched_getaffinity(0)) if allowed is None else allowed
     if "SLURMD_NODENAME" not in environ:
         return "", "not on a node of the job (an salloc shell?): CPU binding left to SLURM"
@@ -149,10 +155,9 @@ def srun_cpu_bind_here(
         )
     from scalerun.binding import plan_binding, srun_cpu_bind
     from scalerun.errors import ScalerunError
-    from scalerun.topology import parse_cpulist, read_node
+    from scalerun.topology import read_node
 
     try:
-        skipped = parse_cpulist(reserved, what="--reserved") if reserved else frozenset()
         plan = plan_binding(read_node(sysfs_root, allowed), ranks_per_node, reserved=skipped)
     except ScalerunError as error:
         return "", f"no binding plan ({error}); CPU binding left to SLURM"

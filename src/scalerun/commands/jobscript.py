@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from scalerun.files import write_text_atomic
 from scalerun.launch import slurm_cli, slurm_submit
 from scalerun.launch.slurm import render_sbatch
 
@@ -42,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path = write_text_atomic(Path(args.out), text, executable=True, what="--out")
     else:
         path = slurm_submit.write_script(text, run_dir)
     print(f"scalerun jobscript: wrote {path}; submit with: sbatch {path}")

@@ -52,7 +52,12 @@ def _nproc(value: str) -> int:
     if value in {"gpu", "cpu", "auto"}:
         from torch.distributed.run import determine_local_world_size
 
-        return determine_local_world_size(value)
+        try:
+            return determine_local_world_size(value)
+        except ValueError as error:  # "gpu" on a machine without CUDA
+            raise LaunchError(
+                f"--nproc-per-node {value}: {error} Give a number of processes, or cpu"
+            ) from None
     try:
         return int(value)
     except ValueError:

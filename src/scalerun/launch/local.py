@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -63,8 +64,22 @@ class LocalLaunch:
                 f"--local-ranks-filter {bad[0]} is not a local rank of --nproc-per-node "
                 f"{self.nproc_per_node}"
             )
+        if self.max_restarts < 0:
+            raise LaunchError(f"--max-restarts {self.max_restarts} must be 0 or more")
+        if self.no_python and not _runnable(self.script):
+            raise LaunchError(
+                f"cannot run {self.script!r}: not an executable on PATH or at that path; "
+                "check the name, or drop --no-python for a Python script"
+            )
         if not (self.module or self.no_python) and not Path(self.script).is_file():
             raise LaunchError(f"script {self.script!r} not found; give the path of a Python file")
+
+
+def _runnable(command: str) -> bool:
+    """An executable by name on PATH or at a path, as the ranks' exec would find it."""
+    if os.sep in command:
+        return os.path.isfile(command) and os.access(command, os.X_OK)
+    return shutil.which(command) is not None
 
 
 def torchrun_argv(request: LocalLaunch) -> list[str]:

@@ -155,7 +155,13 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
 
 def wants_slurm(args: argparse.Namespace) -> bool:
     """True when any SLURM flag was given: the plain local launch stays the default."""
-    return any(getattr(args, dest, None) not in (None, False, []) for dest in SLURM_DESTS)
+    return any(given(getattr(args, dest, None)) for dest in SLURM_DESTS)
+
+
+def given(value: object) -> bool:
+    """A flag the user gave: ``--nodes 0`` counts (and is refused later), unlike a default.
+    (``0 in (None, False)`` is True in Python, hence the identity tests.)"""
+    return value is not None and value is not False and value != []
 
 
 def _site(args: argparse.Namespace, environ: Mapping[str, str]) -> SiteProfile:
@@ -192,13 +198,22 @@ def _pairs(items: list[str] | None, flag: str) -> tuple[tuple[str, str], ...]:
 def _counts(args: argparse.Namespace, site: SiteProfile) -> tuple[int, int, int, int | None]:
     """(GPUs per node, tasks per node, processes per node, CPUs per task) from flags and site."""
     gpus = site.node.gpus if args.gpus_per_node is None else args.gpus_per_node
+    if gpus < 0:
+        raise LaunchError(f"--gpus-per-node {gpus} must be 0 (CPU-only) or more")
     nproc = getattr(args, "nproc_per_node", "1")
     procs = gpus or (int(nproc) if str(nproc).isdigit() else 1)
     mode = args.mode or "srun"
-    tasks = args.ntasks_per_node or (procs if mode == "srun" else 1)
+    tasks = _or_default(args.ntasks_per_node, procs if mode == "srun" else 1)
     per_gpu = site.slurm.cpus_per_gpu
-    cpus = args.cpus_per_task or (per_gpu * (1 if mode == "srun" else procs) if per_gpu else None)
+    cpus = _or_default(
+        args.cpus_per_task, per_gpu * (1 if mode == "srun" else procs) if per_gpu else None
+    )
     return gpus, tasks, procs, cpus
+
+
+def _or_default(value: int | None, default: int | None) -> int | None:
+    """The flag's value when given, even 0 (which Resources then refuses), else the default."""
+    return default if value is None else value
 
 
 def resources_from_args(args: argparse.Namespace, site: SiteProfile, run_dir: Path) -> Resources:
@@ -206,7 +221,7 @@ def resources_from_args(args: argparse.Namespace, site: SiteProfile, run_dir: Pa
     mem_per_gpu = args.mem_per_gpu or (None if args.mem or not gpus else site.slurm.mem_per_gpu)
     return Resources(
         job_name=args.job_name or Path(args.script).stem or "scalerun",
-        nodes=args.nodes or 1,
+        nodes=_or_default(args.nodes, 1),
         ntasks_per_node=tasks,
         gpus_per_node=gpus,
         cpus_per_task=cpus,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.files import write_text_atomic
 
 SCRIPT_NAME = "job.sbatch"
 FINAL_STATES = {
@@ -65,11 +66,8 @@ class JobEnd:
 
 
 def write_script(text: str, run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / SCRIPT_NAME
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
+    """The job script in the run directory, written atomically and executable."""
+    return write_text_atomic(run_dir / SCRIPT_NAME, text, executable=True, what="--run-dir")
 
 
 def _tool(

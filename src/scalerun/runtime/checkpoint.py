@@ -22,6 +22,7 @@ Checkpoint files are pickles: load only checkpoints you trust.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -95,6 +96,7 @@ def latest(path: str | os.PathLike) -> Path | None:
     root = Path(path)
     if is_complete(root):
         return root
+    recover_replaced(root)
     pointer = root / POINTER
     if pointer.is_file():
         named = root / pointer.read_text().strip()
@@ -265,14 +267,33 @@ def _fsync_dir(directory: Path) -> None:
         os.close(handle)
 
 
+REPLACED = f"{TEMPORARY}old-"
+"""Prefix of a complete checkpoint moved aside while the same step is saved again."""
+
+
+def recover_replaced(root: Path) -> None:
+    """Put back a checkpoint moved aside by a save that crashed before its replacement
+    was renamed into place, so that the previous checkpoint stays loadable.
+
+    Several ranks may call this at once: whoever renames first wins, the others find it done.
+    """
+    if not root.is_dir():
+        return
+    for stale in root.glob(f"{REPLACED}{PREFIX}*"):
+        original = root / stale.name[len(REPLACED):]
+        if (stale / META).is_file() and not original.exists():
+            with contextlib.suppress(OSError):
+                stale.rename(original)
+
+
 def _publish(root: Path, temporary: Path, name: str) -> Path:
     """Rename the finished folder into place, then point ``latest`` at it."""
     _fsync_tree(temporary)
     final = root / name
     if final.exists():  # the same step saved again (a resumed run): replace it
-        stale = root / f"{TEMPORARY}old-{name}"
+        stale = root / f"{REPLACED}{name}"
         shutil.rmtree(stale, ignore_errors=True)
-        final.rename(stale)
+        final.rename(stale)  # a crash from here until the next rename: recover_replaced
     temporary.rename(final)
     pointer = root / f"{TEMPORARY}{POINTER}"
     pointer.write_text(name + "\n")
@@ -285,6 +306,7 @@ def _publish(root: Path, temporary: Path, name: str) -> Path:
 
 def _prune(root: Path, keep_last: int | None, final: Path) -> None:
     """Remove leftovers of crashed saves and, with ``keep_last``, older checkpoints."""
+    recover_replaced(root)
     for leftover in root.glob(f"{TEMPORARY}*"):
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)

@@ -107,6 +107,26 @@ def horovod_environment(ctx: Context, port: int, interface: str) -> dict[str, st
     }
 
 
+#: Set by scalerun's own rendezvous: a different value in the environment is stale.
+OWNED_BY_RENDEZVOUS = frozenset({
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME",
+    "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+})
+
+
+def merge_horovod_environment(wanted: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to export: the user's tunables (interface, controller, operations) win;
+    a stale rendezvous or rank variable that contradicts scalerun's rendezvous is refused."""
+    for name in sorted(OWNED_BY_RENDEZVOUS & environ.keys()):
+        if environ[name] != wanted[name]:
+            raise ScalerunError(
+                f"{name}={environ[name]} is set but scalerun's Horovod rendezvous needs "
+                f"{wanted[name]}; unset {name} (it is left from another job or horovodrun)"
+            )
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
 def _start_rendezvous(ctx: Context) -> int:
     """Rank 0 serves Horovod's rendezvous; every rank learns its port. A collective."""
     global _rendezvous_server
@@ -136,7 +156,8 @@ def join_horovod(ctx: Context) -> tuple[Any, dict[str, str]]:
     if not hvd.is_initialized():
         if "HOROVOD_RANK" not in os.environ:  # not horovodrun: do its rendezvous ourselves
             port = _start_rendezvous(ctx)
-            exported = horovod_environment(ctx, port, interface_towards(str(ctx.placement.master_addr)))
+            wanted = horovod_environment(ctx, port, interface_towards(str(ctx.placement.master_addr)))
+            exported = merge_horovod_environment(wanted, os.environ)
             os.environ.update(exported)
         hvd.init()
     if (hvd.rank(), hvd.size()) != (ctx.rank, ctx.world_size):
