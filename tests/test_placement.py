@@ -360,3 +360,28 @@ def test_captured_srun_tasks(task: int) -> None:
 def test_captured_batch_script_is_single_process() -> None:
     placement = detect(read_capture("sbatch_2x2_batch_script.txt"))
     assert (placement.launcher, placement.world_size) == ("single", 1)
+
+
+def test_split_exports_keeps_the_users_values_and_refuses_a_stale_identity() -> None:
+    from scalerun.placement import split_exports
+
+    wanted = detect(slurm_step(13, 5, 1)).to_env()
+    added, kept = split_exports(wanted, {"MASTER_PORT": "25900", "RANK": "13 "})
+    assert added["WORLD_SIZE"] == "16" and added["MASTER_ADDR"] == "nid005527"
+    assert "RANK" not in added and "MASTER_PORT" not in added  # already set: never overridden
+    assert kept == {"MASTER_PORT": wanted["MASTER_PORT"]}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        with pytest.raises(PlacementError, match=f"{name}=0 in the environment disagrees"):
+            split_exports(wanted, {name: "0"})
+
+
+def test_init_refuses_a_stale_rank_exported_for_every_task() -> None:
+    import subprocess
+    import sys
+
+    step = {k: v for k, v in slurm_step(3, 3, 0).items() if not k.startswith("ROCR")}
+    result = subprocess.run(
+        [sys.executable, "-c", "import scalerun; scalerun.init()"], capture_output=True,
+        text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **step, "RANK": "0"})
+    assert result.returncode != 0
+    assert "RANK=0 in the environment disagrees with the launcher's 3" in result.stderr

@@ -79,6 +79,33 @@ class Placement:
         return env
 
 
+#: Identity variables: a differing value already in the environment is a stale export
+#: (every task of an srun step would get the same rank), never a choice to respect.
+STRICT_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK"})
+
+
+def split_exports(
+    wanted: Mapping[str, str], environ: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(variables to add, wanted values the user already set otherwise and keeps).
+
+    The user's values win, except a differing RANK, WORLD_SIZE or LOCAL_RANK, which
+    raises :class:`PlacementError`. Shared by ``scalerun.init()`` and ``scalerun exec``.
+    """
+    added = {name: value for name, value in wanted.items() if name not in environ}
+    differing = {
+        name: value
+        for name, value in wanted.items()
+        if name in environ and environ[name].strip() != value
+    }
+    for name in sorted(STRICT_VARIABLES & differing.keys()):
+        raise PlacementError(
+            f"{name}={environ[name]} in the environment disagrees with the launcher's "
+            f"{differing[name]}; unset {name} (a stale value would give every rank the same one)"
+        )
+    return added, differing
+
+
 # ---------------------------------------------------------------------------
 # Strict readers of single variables
 # ---------------------------------------------------------------------------

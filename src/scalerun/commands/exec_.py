@@ -21,12 +21,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-from scalerun.errors import LaunchError, PlacementError
+from scalerun.errors import LaunchError
 from scalerun.launch.process import exec_command
 
 NAME = "exec"
-# A differing value of these is a stale export, not a choice: refused, as scalerun.init does.
-STRICT = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK"})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -76,7 +74,7 @@ def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str
     environment plus the rank variables, so ``${RANK}`` works in them too.
     """
     from scalerun.launch.slurm import expand_template
-    from scalerun.placement import detect
+    from scalerun.placement import detect, split_exports
 
     wanted = detect(environ).to_env()
     merged = {**wanted, **environ}
@@ -85,17 +83,7 @@ def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str
         if not sep or not name:
             raise LaunchError(f"--env {item!r} is not NAME=VALUE")
         wanted[name] = expand_template(value, merged, what=f"--env {name}")
-    added = {name: value for name, value in wanted.items() if name not in environ}
-    differing = {
-        name: value for name, value in wanted.items() if name in environ and environ[name] != value
-    }
-    stale = sorted(STRICT & differing.keys())
-    if stale:
-        name = stale[0]
-        raise PlacementError(
-            f"{name}={environ[name]} in the environment disagrees with the launcher's "
-            f"{differing[name]}; unset {name} (a stale value would give every rank the same one)"
-        )
+    added, differing = split_exports(wanted, environ)
     kept = [
         f"kept {name}={environ[name]} set by the user (scalerun would set {value})"
         for name, value in differing.items()

@@ -21,6 +21,7 @@ from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.runtime.context import Context
 from scalerun.runtime.device import choose_device, visible_devices
+from scalerun.topology.cpulist import format_cpulist
 
 DEFAULT_TIMEOUT_S = 600.0
 BACKENDS = ("nccl", "gloo", "mpi", "xccl", "ucc")
@@ -113,21 +114,11 @@ def export_placement(where: placement_mod.Placement, environ: MutableMapping[str
 
     A value the environment already has must agree with the placement: a stale
     ``RANK=0`` exported for every task of an srun step would otherwise make every
-    library think it is rank 0.
+    library think it is rank 0 (see :func:`scalerun.placement.split_exports`).
     """
-    exported = {}
-    for name, value in where.to_env().items():
-        present = environ.get(name)
-        if present is None:
-            environ[name] = value
-            exported[name] = value
-        elif name in {"RANK", "WORLD_SIZE", "LOCAL_RANK"} and present.strip() != value:
-            source = where.sources.get(name.lower(), where.launcher)
-            raise PlacementError(
-                f"{name}={present} in the environment disagrees with {source}={value}; "
-                f"unset {name} or export it from the launcher's own variable"
-            )
-    return exported
+    added, _ = placement_mod.split_exports(where.to_env(), environ)
+    environ.update(added)
+    return added
 
 
 def _bind_cpus(
@@ -248,21 +239,5 @@ def rank_report(ctx: Context) -> str:
         f"[scalerun] host={socket.gethostname()} rank={ctx.rank}/{ctx.world_size} "
         f"local_rank={ctx.local_rank}/{ctx.local_world_size} node={ctx.node_rank} "
         f"launcher={ctx.placement.launcher} visible=({shown}) sees={sees} "
-        f"device={ctx.device} backend={ctx.backend} cpus={_compact(cpus)}"
+        f"device={ctx.device} backend={ctx.backend} cpus={format_cpulist(cpus)}"
     )
-
-
-def _compact(cpus: list[int]) -> str:
-    """CPU list in the kernel's range form (0-3,8), short enough for one line."""
-    ranges: list[str] = []
-    start = prev = None
-    for cpu in cpus:
-        if prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            ranges.append(f"{start}-{prev}" if start != prev else str(start))
-        start = prev = cpu
-    if start is not None:
-        ranges.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(ranges)
