@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 DEMO_ARGS ?= --model tiny --epochs 3 --batch-size 32
 
-.PHONY: demo test lint extras cluster-up cluster-down clean
+.PHONY: demo test lint extras bench cluster-up cluster-down clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,22 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts
-	$(PY) -m pytest -q
+	SCALERUN_REQUIRE_EXTRAS=1 $(PY) -m pytest -q
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests examples benchmarks scripts
+
+# Every benchmark (benchmarks/README.md), each printing a table and writing
+# benchmarks/results/<name>.json; the GPU ones print 'skipped: no GPU' without one.
+# Not part of `make test`: tests/benchmarks runs each issue-12 benchmark at its smallest
+# size instead. memory.py needs DeepSpeed, hence the extras.
+bench: $(VENV)/.installed $(VENV)/.extras
+	$(PY) benchmarks/loader.py
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/gpu_bound.py
+	$(PY) benchmarks/example_gpu.py
+	$(PY) benchmarks/launch.py
+	$(PY) benchmarks/memory.py
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
 # clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf

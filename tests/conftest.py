@@ -1,3 +1,68 @@
-"""Shared test plumbing: the SLURM test cluster plugin (started only for ``slurm`` tests)."""
+"""Shared test plumbing: a CPU-only world by default, GPU tests on request, and the SLURM
+test cluster plugin (started only for ``slurm`` tests).
+
+Why hide GPUs: users run this suite on their GPU nodes, and it must pass there as on a
+laptop. A multi-rank test that saw one GPU would pick NCCL and put two ranks on it. So the
+suite hides every GPU from itself and from every process it starts, before torch is
+imported; the tests marked ``gpu`` get the machine's own visibility back through the
+``gpu_env`` fixture, in the processes they start, and skip with the reason where there is
+no GPU.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
 
 pytest_plugins = ["tests.slurm_fixture"]
+
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+SAVED = "SCALERUN_TEST_MACHINE_VISIBILITY"
+"""Where the first process of a session keeps the machine's visibility, so that its worker
+processes (pytest-xdist) inherit the original rather than the hidden values."""
+if SAVED not in os.environ:
+    os.environ[SAVED] = json.dumps({name: os.environ.get(name) for name in GPU_VARIABLES})
+MACHINE_VISIBILITY: dict[str, str | None] = json.loads(os.environ[SAVED])
+"""What this machine showed before the suite hid its GPUs."""
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CUDA and HIP both read it; set before torch loads
+os.environ.pop("HIP_VISIBLE_DEVICES", None)
+os.environ.pop("ROCR_VISIBLE_DEVICES", None)
+
+
+# Launches made by tests put their default run directories here, not in the checkout.
+RUNS = tempfile.mkdtemp(prefix="scalerun-test-runs-")
+os.environ["SCALERUN_RUNS"] = RUNS
+atexit.register(shutil.rmtree, RUNS, ignore_errors=True)
+
+
+def machine_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) with the machine's own GPU visibility."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items()
+           if k not in GPU_VARIABLES and k != SAVED}
+    env.update({k: v for k, v in MACHINE_VISIBILITY.items() if v is not None})
+    return env
+
+
+@pytest.fixture(scope="session")
+def gpu_count() -> int:
+    """GPUs torch sees on this machine, asked in a separate process with the machine's
+    visibility (this process keeps them hidden)."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=machine_env(), timeout=120)
+    return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+
+
+@pytest.fixture
+def gpu_env(gpu_count: int) -> dict[str, str]:
+    """The environment for a process that may use this machine's GPUs; skips without one."""
+    if gpu_count == 0:
+        pytest.skip("no GPU on this machine (torch sees none): GPU paths are tested where one is")
+    return machine_env()

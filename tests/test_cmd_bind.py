@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from scalerun.binding import RankBinding
 from scalerun.cli import main
-from scalerun.commands.bind import gpu_visibility, rank_and_size
+from scalerun.commands.bind import gpu_visibility, placement_for
 from scalerun.errors import PlacementError
+from scalerun.placement import on_one_node
+from scalerun.plan.rank import RankPlan, plan_rank
+from scalerun.sites import load_site
 from scalerun.topology import read_node
 from tests.fixtures.make_sysfs import TreeCache
 
@@ -51,6 +54,11 @@ TORCHRUN = {
 }
 
 
+def args(local_rank=None, ranks=None, sysfs=None) -> argparse.Namespace:
+    return argparse.Namespace(local_rank=local_rank, ranks_per_node=ranks, sysfs=sysfs,
+                              allowed_cpus=None)
+
+
 @pytest.mark.parametrize(
     ("flags", "environ", "expected"),
     [
@@ -67,51 +75,47 @@ TORCHRUN = {
         ),
     ],
 )
-def test_rank_and_size(trees: TreeCache, flags, environ, expected) -> None:
-    dgx = read_node(trees.root("dgx_h100"), range(224))
-    assert rank_and_size(*flags, dgx, environ) == expected
+def test_placement_for(trees: TreeCache, flags, environ, expected) -> None:
+    where = placement_for(args(*flags, sysfs=str(trees.root("dgx_h100"))), environ)
+    assert (where.local_rank, where.local_world_size, where.launcher) == expected
 
 
 @pytest.mark.parametrize(
     ("name", "flags", "environ", "message"),
     [
         ("dgx_h100", (None, None), {}, "--local-rank is not given and none of LOCAL_RANK"),
-        ("dgx_h100", (None, None), {"LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a number"),
+        ("dgx_h100", (None, None), {"LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
         ("cpu2s", (0, None), {}, "--ranks-per-node is not given and this node has no GPU"),
+        ("dgx_h100", (8, 8), {}, "local rank 8 is not below ranks per node 8"),
     ],
 )
-def test_rank_and_size_never_guesses_a_rank(
+def test_placement_for_never_guesses_a_rank(
     trees: TreeCache, name, flags, environ, message
 ) -> None:
     with pytest.raises(PlacementError, match=message):
-        rank_and_size(*flags, read_node(trees.root(name), range(224)), environ)
+        placement_for(args(*flags, sysfs=str(trees.root(name))), environ)
 
 
-def gpu(vendor: str | None, index: int | None = 3) -> RankBinding:
-    return RankBinding(
-        local_rank=3, gpu_index=index, gpu_pci=None, cpus=(0,), numa=0, nic=None, gpu_vendor=vendor
-    )
+def plan_of(trees: TreeCache, name: str) -> RankPlan:
+    return plan_rank(on_one_node(3, 8, source="flags"), read_node(trees.root(name), range(224)),
+                     load_site("local"), {})
 
 
 @pytest.mark.parametrize(
-    ("binding", "mode", "environ", "exported"),
+    ("name", "mode", "environ", "exported"),
     [
-        (gpu("amd"), "rank", {}, {"ROCR_VISIBLE_DEVICES": "3"}),
-        (gpu("amd"), "rank", {"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, {}),  # set by srun: kept
-        (gpu("amd"), "all", {}, {}),
-        (
-            gpu("nvidia"),
-            "rank",
-            {},
-            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"},
-        ),
-        (gpu("nvidia"), "all", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
-        (gpu("nvidia"), "rank", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {"CUDA_VISIBLE_DEVICES": "3"}),
-        (gpu(None, None), "rank", {}, {}),  # CPU-only node
+        ("lumig", "rank", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "ROCR_VISIBLE_DEVICES": "3"}),
+        ("lumig", "rank", {"ROCR_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+         {}),  # set by srun and the user: kept
+        ("lumig", "all", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+        ("dgx_h100", "rank", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"}),
+        ("dgx_h100", "all", {}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+        ("dgx_h100", "rank", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {"CUDA_VISIBLE_DEVICES": "3"}),
+        ("cpu2s", "rank", {}, {}),  # CPU-only node
     ],
 )
-def test_gpu_visibility(binding: RankBinding, mode: str, environ: dict, exported: dict) -> None:
-    assert gpu_visibility(binding, environ, mode) == exported
+def test_gpu_visibility(trees: TreeCache, name: str, mode: str, environ: dict, exported: dict) -> None:
+    assert gpu_visibility(plan_of(trees, name), environ, mode) == exported
 
 
 def run_bind(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -140,7 +144,8 @@ def test_exec_with_affinity_on_this_machine(two_cpus: list[int]) -> None:
     done = run_bind("--local-rank", "1", "--ranks-per-node", str(len(cores)))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cpus"] == [cores[1].threads[0]]
-    assert done.stderr.startswith(f"scalerun bind: local rank 1 of {len(cores)} (flags) -> no GPU")
+    gpu = "no GPU" if not read_node("/").gpus else "GPU "
+    assert done.stderr.startswith(f"scalerun bind: local rank 1 of {len(cores)} (flags) -> {gpu}")
 
 
 def test_exec_on_a_gpu_node_sets_visibility_and_keeps_a_launcher_binding(trees: TreeCache) -> None:

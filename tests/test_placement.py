@@ -383,5 +383,6 @@ def test_init_refuses_a_stale_rank_exported_for_every_task() -> None:
     result = subprocess.run(
         [sys.executable, "-c", "import scalerun; scalerun.init()"], capture_output=True,
         text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **step, "RANK": "0"})
-    assert result.returncode != 0
-    assert "RANK=0 in the environment disagrees with the launcher's 3" in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "scalerun.init: error: RANK=0 in the environment disagrees with the launcher's 3" in result.stderr

@@ -46,8 +46,8 @@ def test_lumi_g_profile(path, value):
     assert attribute(load_site("lumi-g"), path) == value
 
 
-def test_lumi_g_binds_the_slingshot_libraries():
-    binds = load_site("lumi-g").container.binds
+def test_lumi_g_mounts_the_slingshot_libraries():
+    binds = load_site("lumi-g").container.mounts
     assert {"/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1"} <= set(binds)
 
 
@@ -140,7 +140,7 @@ BROKEN = [
     ("[node]\nreserved_cores = [0]\n", "node.reserved_cores: needs node.cores"),
     ("[env]\n'1BAD' = 'x'\n", "env.1BAD: is not a valid environment variable name"),
     ("[env]\nX = 1\n", "env.X: expected str, got an integer 1"),
-    ("[container]\nbinds = ['/a,/b']\n", "container.binds[0]: '/a,/b': a bind is SRC[:DST[:OPTS]]"),
+    ("[container]\nmounts = ['/a,/b']\n", "container.mounts[0]: '/a,/b': a mount is SRC[:DST[:OPTS]]"),
     (
         "[container]\nruntime = 'docker'\n",
         "container.runtime: 'docker' is not one of singularity, apptainer",

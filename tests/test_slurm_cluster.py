@@ -264,7 +264,9 @@ def test_inside_a_batch_script_scalerun_launch_runs_the_step(slurm_cluster, tmp_
         rank: (host, str(local), "4", ["x y"])
         for rank, (host, _, local, _, _) in EXPECTED_2X2.items()
     }
-    # planned on the job's first node (scalerun.binding): the node's CPUs in two halves,
+    # the test cluster's machines are not called what SLURM calls its nodes (see cluster.py)
+    assert {p["hostname"] for p in ranks.values()} == {"nid000001-host", "nid000002-host"}
+    # planned on the job's first node (the node plan): the node's CPUs in two halves,
     # the same masks on both nodes (srun repeats them)
     halves = [list(range(cpus)), list(range(cpus, 2 * cpus))]
     assert {r: p["cpus"] for r, p in ranks.items()} == {
@@ -387,7 +389,7 @@ def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
         "5",
         "--container",
         "/images/pytorch.sif",
-        "--bind",
+        "--mount",
         "/data:/data",
         "--wait",
         "--run-dir",

@@ -23,6 +23,9 @@ COMMANDS: tuple[str, ...] = (
     "exec",
     "sites",
     "doctor",
+    "monitor",
+    "report",
+    "scaling",
     "topo", "bind",
     "env",
 )

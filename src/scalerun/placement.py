@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -487,3 +488,41 @@ def launcher_name(environ: Mapping[str, str] | None = None) -> str:
         "env": "RANK" in env and "WORLD_SIZE" in env,
     }
     return next((name for name, _ in DETECTORS if checks[name]), "single")
+
+
+#: Where a bare local rank can be read when no launcher is recognised (a wrapper that
+#: exports only LOCAL_RANK, an MPI that sets only its local id), in this order.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def local_rank_only(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """(local rank, variable) from :data:`LOCAL_RANK_VARIABLES`, read strictly; None when
+    none is set. For ``scalerun bind``, which binds one rank of a node and needs no world."""
+    for name in LOCAL_RANK_VARIABLES:
+        if name in environ:
+            return _int(environ, name), name
+    return None
+
+
+def on_one_node(local_rank: int, local_world_size: int, *, source: str) -> Placement:
+    """A placement known only by its local rank and ranks per node (``scalerun bind``'s
+    flags): one node, the local numbers standing for the global ones."""
+    if not 0 <= local_rank < local_world_size:
+        raise PlacementError(
+            f"local rank {local_rank} is not below ranks per node {local_world_size}; "
+            "fix --local-rank or --ranks-per-node"
+        )
+    return Placement(rank=local_rank, local_rank=local_rank, world_size=local_world_size,
+                     local_world_size=local_world_size, node_rank=0, num_nodes=1,
+                     master_addr=LOCALHOST, master_port=DEFAULT_MASTER_PORT, launcher=source,
+                     sources={"local_rank": source, "local_world_size": source})
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name as the scheduler knows it (``SLURMD_NODENAME``), else the host name.
+
+    SLURM's name is what ``--exclude`` and ``--nodelist`` take, and it stays unique where
+    host names repeat or differ from it (containers, aliases, test clusters).
+    """
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname()

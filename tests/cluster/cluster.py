@@ -162,9 +162,15 @@ def gres_conf_text(spec: ClusterSpec) -> str:
     return f"NodeName={','.join(spec.node_names())} Name=gpu File={files}\n"
 
 
+def host_name(node: str) -> str:
+    """The machine name a node's tasks see (``hostname``): not its SLURM name, as on clusters
+    with aliases or containers, so nothing in scalerun may rely on the two being equal."""
+    return f"{node}-host"
+
+
 def hosts_lines(spec: ClusterSpec) -> list[str]:
     return [
-        f"{spec.node_address(index)} {name}  {HOSTS_MARK}"
+        f"{spec.node_address(index)} {name} {host_name(name)}  {HOSTS_MARK}"
         for index, name in enumerate(spec.node_names())
     ]
 
@@ -237,14 +243,15 @@ def ensure_hosts(spec: ClusterSpec) -> None:
     """Make node names resolve to their loopback address; refuse other mappings."""
     text = HOSTS_FILE.read_text()
     known = _hosts_map(text)
-    wanted = {name: spec.node_address(i) for i, name in enumerate(spec.node_names())}
+    wanted = {alias: spec.node_address(i) for i, name in enumerate(spec.node_names())
+              for alias in (name, host_name(name))}
     for name, address in wanted.items():
         if name in known and known[name] != address:
             raise ClusterError(
                 f"/etc/hosts maps {name} to {known[name]}, the test cluster needs {address}; "
                 f"remove that line"
             )
-    missing = [line for line in hosts_lines(spec) if line.split()[1] not in known]
+    missing = [line for line in hosts_lines(spec) if not set(line.split()[1:3]) <= known.keys()]
     if missing:
         HOSTS_FILE.write_text(text.rstrip("\n") + "\n" + "\n".join(missing) + "\n")
 
@@ -474,9 +481,11 @@ def _up(spec: ClusterSpec, owner: str) -> bool:
 
 
 def _slurmd_command(spec: ClusterSpec, name: str) -> list[str]:
-    """slurmd for one node, in its own UTS namespace so that `hostname` in a task says its
-    node's name, as on a real cluster (torchrun's c10d picks who hosts its store by it)."""
-    in_own_uts = ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"', name]
+    """slurmd for one node, in its own UTS namespace so that `hostname` in a task names its
+    node's machine; that name differs from the SLURM node name on purpose (see host_name:
+    torchrun's c10d picks who hosts its store by host name unless told)."""
+    in_own_uts = ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
+                  host_name(name)]
     return [*in_own_uts, _which("slurmd") or "slurmd", "-D", "-N", name, "-f", str(spec.conf)]
 
 

@@ -28,7 +28,7 @@ from scalerun.doctor.collectives import (
     rank_values,
     sweep_sizes,
 )
-from scalerun.doctor.facts import cpu_layout, facts_from_dict, nccl_log_path, visible_physical
+from scalerun.doctor.facts import cpu_layout, facts_from_dict, nccl_log_path
 from scalerun.doctor.options import (
     DoctorError,
     DoctorOptions,
@@ -111,19 +111,6 @@ def test_impossible_options_are_refused(bad) -> None:
         parse_size("lots")
 
 
-@pytest.mark.parametrize(("env", "vendor", "expected"), [
-    ({}, "amd", [0, 1, 2, 3, 4, 5, 6, 7]),
-    ({"ROCR_VISIBLE_DEVICES": "4,5"}, "amd", [4, 5]),
-    ({"ROCR_VISIBLE_DEVICES": "4,5,6", "HIP_VISIBLE_DEVICES": "2"}, "amd", [6]),
-    ({"ROCR_VISIBLE_DEVICES": "1"}, "nvidia", [0, 1, 2, 3, 4, 5, 6, 7]),
-    ({"CUDA_VISIBLE_DEVICES": "3,1"}, "nvidia", [3, 1]),
-    ({"CUDA_VISIBLE_DEVICES": ""}, "nvidia", []),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-1f2e"}, "nvidia", None),
-])
-def test_visible_devices_map_to_pci_order(env, vendor, expected) -> None:
-    assert visible_physical(env, 8, vendor) == expected
-
-
 def test_cpu_layout_on_the_lumi_fixture(tmp_path: Path) -> None:
     root = build_tree("lumig", tmp_path / "lumig")
     topology = read_node(root, read_online_cpus(root))
@@ -179,3 +166,13 @@ def test_failing_report_exit_code() -> None:
     facts = [replace(f, nccl_ifname="nmn0") for f in lumi_job()]
     report = Report(world_size=16, facts=tuple(facts), verdicts=tuple(run_checks(facts)))
     assert report.exit_code == 1 and to_json(report)["summary"]["FAIL"] == 1
+
+
+def test_reports_mask_secret_variables() -> None:
+    """A secret in the decided environment is *** in the text table and in the JSON."""
+    facts = [replace(f, environment=(*f.environment, ("HF_TOKEN", "hf_secret_123", "user")))
+             for f in lumi_job()]
+    report = Report(world_size=16, facts=tuple(facts), verdicts=tuple(run_checks(facts)))
+    text, data = render_text(report), json.dumps(to_json(report))
+    assert "HF_TOKEN=***  [user]" in text and ["HF_TOKEN", "***", "user"] in to_json(report)["ranks"][0]["environment"]
+    assert "hf_secret_123" not in text + data

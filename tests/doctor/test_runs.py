@@ -26,9 +26,11 @@ SMALL = ("--max-bytes", "64K", "--iters", "2", "--warmup", "1")
 
 
 def doctor(*args: str, prefix: tuple[str, ...] = (), timeout: float = 180,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``scalerun doctor ARGS`` as a user runs it (optionally under ``taskset``)."""
-    environ = {**os.environ, **(env or {})}
+           env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``scalerun doctor ARGS`` as a user runs it (optionally under ``taskset``); a None
+    in ``env`` removes that variable."""
+    merged = {**os.environ, **(env or {})}
+    environ = {k: v for k, v in merged.items() if v is not None}
     return subprocess.run([*prefix, sys.executable, "-m", "scalerun", "doctor", *args], cwd=REPO,
                           env=environ, capture_output=True, text=True, timeout=timeout)
 
@@ -85,10 +87,11 @@ def test_planted_overlap_and_management_interface_fail() -> None:
 
 
 def test_planted_shared_gcd_and_far_cores_on_a_lumi_node(tmp_path: Path) -> None:
-    """The LUMI-G node description, every rank told ROCR_VISIBLE_DEVICES=0."""
+    """The LUMI-G node description, every rank told ROCR_VISIBLE_DEVICES=0. (The suite's own
+    CUDA_VISIBLE_DEVICES="" would hide every GCD from HIP as well: it is lifted here.)"""
     root = build_tree("lumig", tmp_path / "lumig")
     done = doctor("--nproc-per-node", "2", "--no-bandwidth", "--sysfs", str(root),
-                  env={"ROCR_VISIBLE_DEVICES": "0"})
+                  env={"ROCR_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": None})
     assert done.returncode == 1, done.stderr
     out = done.stdout
     assert "FAIL  gpu-shared   two or more ranks use one GPU" in out

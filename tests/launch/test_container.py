@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from scalerun.errors import LaunchError
-from scalerun.launch.container import Container, check_bind, exec_words, pick_runtime
+from scalerun.launch.container import exec_words, pick_runtime
+from scalerun.plan.job import Container, check_mount
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,16 +57,16 @@ BINDS = [
 
 
 @pytest.mark.parametrize(("bind", "ok"), BINDS)
-def test_binds(bind, ok):
+def test_mounts(bind, ok):
     if ok:
-        check_bind(bind)
+        check_mount(bind)
     else:
         with pytest.raises(LaunchError, match="SRC\\[:DST\\[:OPTS\\]\\]"):
-            check_bind(bind)
+            check_mount(bind)
 
 
 def test_exec_words_keep_bind_order():
-    box = Container(image="/i/pt.sif", runtime="apptainer", binds=("/opt/cray", "/s:/d"))
+    box = Container(image="/i/pt.sif", runtime="apptainer", mounts=("/opt/cray", "/s:/d"))
     assert exec_words(box) == ["apptainer", "exec", "-B", "/opt/cray", "-B", "/s:/d", "/i/pt.sif"]
 
 
@@ -97,7 +98,7 @@ def test_a_task_runs_inside_the_container_with_its_rank_variables(tmp_path):
     task = (REPO / "tests/fixtures/slurm_env/srun_2x2_task3.txt").read_text()
     env = dict(line.split("=", 1) for line in task.splitlines() if "=" in line)
     env.update(PATH=f"{tmp_path}:{os.environ['PATH']}", RECORD=str(tmp_path / "record.json"))
-    box = Container(image="/images/pt.sif", runtime="singularity", binds=("/opt/cray", "/s:/d"))
+    box = Container(image="/images/pt.sif", runtime="singularity", mounts=("/opt/cray", "/s:/d"))
     command = [
         sys.executable,
         "-m",

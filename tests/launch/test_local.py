@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import LocalLaunch, rank_environment, torchrun_argv
+from scalerun.launch.local import LocalLaunch, torchrun_argv
 
 SCALERUN = [sys.executable, "-m", "scalerun"]
 
@@ -109,7 +109,7 @@ BAD_INPUT = [
     (["jobscript", "--nodes", "1", "--out", ".", "x.py"], "is a folder"),
     (["launch", "--nodes", "1", "--run-dir", "/proc/no/such", "x.py"], "cannot write --run-dir"),
     (["exec", "--srun-cpu-bind", "0"], "--srun-cpu-bind 0"),
-    (["exec", "--srun-cpu-bind", "8", "--reserved", "0,x"], "--reserved"),
+    (["launch", "--backend", "ncl", "x.py"], "argument --backend: invalid choice: 'ncl'"),
 ]
 
 
@@ -138,15 +138,79 @@ def test_request_maps_to_torchrun_flags(tmp_path: Path) -> None:
     ]
 
 
-def test_thread_count_is_the_cpu_share_and_the_users_value_wins(tmp_path: Path) -> None:
-    script = tmp_path / "t.py"
-    script.write_text("")
-    request = LocalLaunch(script=str(script), nproc_per_node=2)
-    cpus = len(os.sched_getaffinity(0))
-    assert rank_environment(request, {})["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
-    assert "OMP_NUM_THREADS" not in rank_environment(request, {"OMP_NUM_THREADS": "7"})
+THREADS = """
+    import os, torch, scalerun
+    ctx = scalerun.init()
+    print("threads", os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(),
+          len(os.sched_getaffinity(0)), ctx.plan.bind if ctx.plan else None, flush=True)
+    scalerun.shutdown()
+"""
+
+
+def rank_threads(tmp_path: Path, nproc: int, **env: str) -> list[list[str]]:
+    script = write(tmp_path, "threads.py", THREADS)
+    result = run_cli("launch", "--nproc-per-node", str(nproc), str(script), **env)
+    assert result.returncode == 0, result.stderr
+    return [line.split("threads", 1)[1].split() for line in sorted(result.stdout.splitlines())
+            if "threads" in line]
+
+
+def test_torchruns_blanket_thread_default_is_not_set(tmp_path: Path) -> None:
+    """torchrun exports OMP_NUM_THREADS=1 to every rank; scalerun leaves it to the ranks' plans."""
+    assert [row[0] for row in rank_threads(tmp_path, 2, SCALERUN_NETCONF="0")] == ["None", "None"]
+
+
+def test_each_rank_gets_a_thread_per_core_it_owns(tmp_path: Path) -> None:
+    for omp, torch_threads, cpus, bound in rank_threads(tmp_path, 2):
+        assert omp == torch_threads
+        if bound == "True":  # bound to its own cores: one thread per core it owns
+            assert int(omp) == int(cpus)
+        else:  # sharing this process's CPUs with the other rank
+            assert int(omp) == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_the_users_thread_count_wins(tmp_path: Path) -> None:
+    assert {tuple(row[:2]) for row in rank_threads(tmp_path, 2, OMP_NUM_THREADS="3")} == {("3", "3")}
+
+
+def test_more_ranks_than_gpus_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """On a one-GPU node (the laptop fixture) two NCCL ranks cannot work: one line, no rank."""
+    from tests.fixtures.make_sysfs import build_tree
+
+    root = build_tree("laptop", tmp_path / "laptop")
+    script = write(tmp_path, "never.py", "print('started')\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run([*SCALERUN, "launch", "--nproc-per-node", "2", str(script)],
+                          capture_output=True, text=True, env={**env, "SCALERUN_SYSFS": str(root)})
+    assert done.returncode == 2 and "started" not in done.stdout
+    assert done.stderr.count("\n") == 1
+    assert "2 ranks per node but 1 GPU(s) on this node" in done.stderr
+    assert "--nproc-per-node gpu" in done.stderr and "--backend gloo" in done.stderr
+    gloo = subprocess.run([*SCALERUN, "launch", "--nproc-per-node", "2", "--backend", "gloo", str(script)],
+                          capture_output=True, text=True, env={**env, "SCALERUN_SYSFS": str(root)})
+    assert gloo.returncode == 0 and gloo.stdout.count("started") == 2, gloo.stderr
 
 
 def test_invalid_requests_raise_launch_error(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="--master-port 70000"):
         LocalLaunch(script="-", module=True, master_port=70000)
+
+
+def test_verbose_lines_and_run_json_mask_secrets(tmp_path: Path) -> None:
+    """launch -v: the torchrun line, each rank's report line and run.json show no secret."""
+    script = write(tmp_path, "secret.py", """
+        import os, scalerun
+        from scalerun.runtime.init import rank_report
+        ctx = scalerun.init()
+        os.environ["PROBE_TOKEN"] = "launcher=torchrun"  # now a known secret inside the line
+        print("probe:", rank_report(ctx))
+    """)
+    run_dir = tmp_path / "run"
+    result = run_cli("launch", "-v", "--no-monitor", "--run-dir", str(run_dir), str(script),
+                     "--token", "hf_abcdef123", "--api-key=k1", HF_TOKEN="hf_abcdef123")
+    assert result.returncode == 0, result.stderr
+    assert "--token *** --api-key=***" in result.stderr and "launcher=torchrun" in result.stderr
+    assert "probe: [scalerun] host=" in result.stdout and "launcher=torchrun" not in result.stdout
+    kept = (run_dir / "run.json").read_text()
+    for secret in ("hf_abcdef123", "k1"):
+        assert secret not in result.stdout + result.stderr + kept

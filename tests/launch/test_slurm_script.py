@@ -18,21 +18,18 @@ from scalerun.cli import main
 from scalerun.commands.exec_ import srun_cpu_bind_here
 from scalerun.errors import LaunchError
 from scalerun.launch import slurm_cli
-from scalerun.launch.container import Container
 from scalerun.launch.slurm import (
-    Resources,
     ShellRef,
-    SlurmJob,
     expand_template,
     job_rendezvous,
-    parse_sbatch_arg,
     render_sbatch,
-    sbatch_value,
+    secret_handoff,
     shell_quote,
     shell_template,
     srun_command,
 )
 from scalerun.launch.slurm_submit import exit_code_of, failed_ranks
+from scalerun.plan.job import Container, Resources, SlurmJob, parse_sbatch_arg, sbatch_value
 from tests.fixtures.make_sysfs import build_tree, load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,9 +84,8 @@ def lumi_job(**changes) -> SlurmJob:
         container=Container(
             image="/appl/local/containers/pytorch.sif",
             runtime="singularity",
-            binds=("/var/spool/slurmd", "/opt/cray"),
+            mounts=("/var/spool/slurmd", "/opt/cray"),
         ),
-        reserved_cores=(0, 8, 16, 24, 32, 40, 48, 56),
         site_env=(("TORCH_HOME", "/scratch/${SLURM_JOB_ACCOUNT}/torch"),),
         env=(("NCCL_DEBUG", "INFO"),),
         task_env=(("MIOPEN_USER_DB_PATH", "/tmp/${USER}-miopen-${SLURM_NODEID}"),),
@@ -307,6 +303,7 @@ def test_torchrun_mode_words():
         "-m",
         "scalerun",
         "exec",
+        "--torchrun-agent",  # node 0's agent hosts the c10d store, whatever its host name
         "--",
         "python",
         "-m",
@@ -433,7 +430,7 @@ USER_ERRORS = [
             "launch",
             "--container",
             "x.sif",
-            "--bind",
+            "--mount",
             "/a,/b",
             "--container-runtime",
             "apptainer",
@@ -549,7 +546,6 @@ LUMI_MASKS = (
     "mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,"
     "0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000"
 )
-LUMI_RESERVED = "0,8,16,24,32,40,48,56"
 LUMI_ALLOWED = frozenset(
     c for c in range(128) if c % 8
 )  # reserved cores and their siblings removed
@@ -565,7 +561,8 @@ CPU_BIND_CASES = [
 @pytest.mark.parametrize(("env", "allowed", "expected"), CPU_BIND_CASES)
 def test_srun_cpu_bind_is_lumis_masks_on_a_lumi_node(env, allowed, expected, tmp_path_factory):
     root = build_tree(load("lumig"), tmp_path_factory.mktemp("lumig"))
-    value, why = srun_cpu_bind_here(8, LUMI_RESERVED, env, str(root), allowed)
+    env = {**env, "SCALERUN_SYSFS": str(root), "SCALERUN_SITE": "lumi-g"}
+    value, why = srun_cpu_bind_here(8, env, allowed)
     assert value == expected, why
 
 
@@ -619,3 +616,44 @@ def test_ranks_decide_with_the_same_site(flags, environ, site, tmp_path):
     job = slurm_cli.job_from_args(parse_launch("--nodes", "2", *flags), environ, tmp_path)
     assert ("SCALERUN_SITE", site) in job.site_env
     assert f"export SCALERUN_SITE={site}" in render_sbatch(job)
+
+
+# --- secrets: never written into the script, handed to sbatch --------------------------------
+
+
+def test_secrets_are_taken_from_the_submitting_shell(tmp_path):
+    """A secret --env or site variable is checked for, not written; the handed value arrives."""
+    fake = tmp_path / "srun"
+    fake.write_text('#!/bin/bash\nprintf "%s|%s" "$HF_TOKEN" "$DB_PASSWORD"\n')
+    fake.chmod(0o755)
+    job = lumi_job(container=None, cpu_bind="none", setup=(), modules=(), module_use=(),
+                   env=(("HF_TOKEN", "hf $(id) ${USER}"),), site_env=(("DB_PASSWORD", "site-pw"),),
+                   command_line=("scalerun", "launch", "--env", "HF_TOKEN=hf $(id) ${USER}"))
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job))
+    assert "hf " not in script.read_text() and "site-pw" not in script.read_text()
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ACCOUNT": "p1", "USER": "u"}
+    handed = secret_handoff(job, env)
+    assert handed == {"HF_TOKEN": "hf $(id) u", "DB_PASSWORD": "site-pw"}
+    done = subprocess.run(["bash", str(script)], env={**env, **handed}, capture_output=True, text=True)
+    assert done.stdout == "hf $(id) u|site-pw"
+    missing = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "DB_PASSWORD: is not set: export DB_PASSWORD" in missing.stderr
+
+
+def test_launch_hands_the_secret_to_sbatch(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/bash\nprintf %s "$HF_TOKEN" > {tmp_path}/seen\necho 42\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SBATCH_EXPORT", raising=False)
+    probe = str(REPO / "tests/fixtures/slurm/probe.py")
+    run_dir = tmp_path / "run"
+    assert main(["launch", "--nodes", "1", "--env", "HF_TOKEN=hf_value_123", "--run-dir", str(run_dir), probe]) == 0
+    assert (tmp_path / "seen").read_text() == "hf_value_123"
+    assert "hf_value_123" not in (run_dir / "job.sbatch").read_text() + capsys.readouterr().out
+    refused = ["launch", "--nodes", "1", "--env", "HF_TOKEN=x", "--sbatch-arg=--export=NONE",
+               "--run-dir", str(run_dir), probe]
+    assert main(refused) == 2 and "add HF_TOKEN (or ALL) to --export" in capsys.readouterr().err

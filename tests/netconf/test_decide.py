@@ -40,7 +40,7 @@ def env_of(decision) -> dict[str, tuple[str, str]]:
 def test_lumi_rank_gets_the_course_environment() -> None:
     environ = {"USER": "alice", "SLURM_JOB_ID": "77", "SLURM_NODEID": "1"}
     decision = decide_environment(
-        rank=RankFacts(cpus=(49, 50, 51, 52, 53, 54, 55), nic="hsn0", gpu_vendor="amd",
+        rank=RankFacts(threads=7, nic="hsn0", gpu_vendor="amd",
                        loader_workers=7, num_nodes=2),
         nics=[NMN, *HSN],
         site_interfaces=("hsn0", "hsn1", "hsn2", "hsn3"),
@@ -72,7 +72,7 @@ def test_without_site_miopen_gets_one_folder_per_job_and_node() -> None:
 
 def test_user_settings_win_and_are_reported() -> None:
     decision = decide_environment(
-        rank=RankFacts(cpus=(0, 1), gpu_vendor="nvidia", num_nodes=2),
+        rank=RankFacts(threads=2, gpu_vendor="nvidia", num_nodes=2),
         nics=[NMN, *HSN],
         environ={"NCCL_SOCKET_IFNAME": "nmn0", "OMP_NUM_THREADS": "16"},
     )
@@ -84,7 +84,7 @@ def test_user_settings_win_and_are_reported() -> None:
 
 
 def test_single_node_cpu_job_sets_no_interface_or_gpu_variables() -> None:
-    env = env_of(decide_environment(rank=RankFacts(cpus=(0,)), nics=HSN, environ={}))
+    env = env_of(decide_environment(rank=RankFacts(threads=1), nics=HSN, environ={}))
     assert set(env) == {"OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
 
 

@@ -69,8 +69,10 @@ def test_init_applies_the_rank_environment(tmp_path: Path) -> None:
         "  'threads': torch.get_num_threads(),\n"
         "  'inductor': os.environ.get('TORCHINDUCTOR_CACHE_DIR')}))\n"
     )
+    # torch.compile run inside this test process sets TORCHINDUCTOR_CACHE_DIR for itself
+    inherited = {k: v for k, v in os.environ.items() if not k.endswith("_CACHE_DIR")}
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env={**os.environ, "USER": "bob", "SLURM_JOB_ID": "5"}, timeout=60)
+                            env={**inherited, "USER": "bob", "SLURM_JOB_ID": "5"}, timeout=60)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     cores = len(os.sched_getaffinity(0))
@@ -100,3 +102,22 @@ def test_exec_gives_a_plain_program_the_decided_environment() -> None:
         capture_output=True, text=True, env={**base, **step, "SCALERUN_NETCONF": "0"},
         timeout=60)
     assert "OMP_NUM_THREADS" not in json.loads(off.stdout)
+
+
+def test_secrets_are_masked_in_every_form(lumig: Path, tmp_path: Path) -> None:
+    """A site's secret and the user's own value of it print as ***, in text, --explain and
+    --json; a value built from a known secret (a path holding a token) is masked too."""
+    sites = tmp_path / "cfg" / "scalerun" / "sites"
+    sites.mkdir(parents=True)
+    (sites / "vault.toml").write_text('extends = "lumi-g"\n[task_env]\nHUB_TOKEN = "site-tok-${USER}"\n'
+                                      'HUB_CACHE = "/tmp/${HF_TOKEN}/cache"\n')
+    environ = {**LUMI_RANK_9, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "HUB_TOKEN": "users-own-token",
+               "HF_TOKEN": "hf_0123456789"}
+    outputs = [scalerun_env("--site", "vault", "--sysfs", str(lumig), "--allowed-cpus", "0-127", *flags,
+                            environ=environ) for flags in ((), ("--explain",), ("--json",))]
+    assert all(out.returncode == 0 for out in outputs), outputs[0].stderr
+    text = "".join(out.stdout for out in outputs)
+    assert "export HUB_TOKEN=***" in outputs[0].stdout and "HUB_CACHE=/tmp/***/cache" in outputs[0].stdout
+    assert json.loads(outputs[2].stdout)["env"]["HUB_TOKEN"] == "***"
+    for secret in ("users-own-token", "site-tok", "hf_0123456789"):
+        assert secret not in text

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalerun.binding import plan_binding
+from scalerun.plan.binding import plan_binding
 from scalerun.topology import Topology, read_node
 from tests.fixtures.make_sysfs import TreeCache, cpus_of, load
 from tests.topology.torch_numa import torch_cpus

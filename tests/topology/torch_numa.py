@@ -73,7 +73,7 @@ def torch_cpus(root: Path, topology: Topology, mode: str, gpu_index: int) -> fro
 
 def side_by_side(root: Path, topology: Topology, ranks: int) -> list[dict[str, str]]:
     """One row per rank: scalerun (physical, +hyperthreads) and each torch mode."""
-    from scalerun.binding import plan_binding
+    from scalerun.plan.binding import plan_binding
 
     plans = {ht: plan_binding(topology, ranks, hyperthreads=ht) for ht in (False, True)}
     rows = []

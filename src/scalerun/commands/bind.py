@@ -2,10 +2,12 @@
 
 Any launcher (srun, mpirun, torchrun ``--no-python``, Lightning, Accelerate) can start
 ``scalerun bind -- python train.py`` and every rank gets the binding ``scalerun topo``
-shows. This command decides the local rank and ranks per node (flags, else the
-launcher's variables via :mod:`scalerun.placement`, else one rank per GPU), which GPU
-visibility variables to export, and prints one line saying what it did. It never
-overrides a visibility variable that is already set, and never guesses a local rank.
+shows: both ask the rank plan (:mod:`scalerun.plan.rank`). This command only decides
+where the local rank and the ranks per node come from (flags, else the launcher's
+variables, else a bare local-rank variable; ranks per node default to one per GPU),
+applies the plan's CPU set and GPU visibility, and prints one line saying what it did.
+It never overrides a visibility variable that is already set, and never guesses a local
+rank.
 """
 
 from __future__ import annotations
@@ -15,22 +17,13 @@ import os
 import sys
 from collections.abc import Mapping
 
-from scalerun.binding import RankBinding, apply_affinity, binding_for_rank, plan_binding
-from scalerun.commands.topo import add_node_arguments, load_node
+from scalerun.affinity import apply_affinity
+from scalerun.commands.topo import add_node_arguments
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.launch.process import exec_command
-from scalerun.placement import detect
-from scalerun.topology import Topology, parse_cpulist
-
-LOCAL_RANK_VARIABLES = (
-    "LOCAL_RANK",
-    "SLURM_LOCALID",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-)
-"""Read in this order when ``--local-rank`` is not given and no launcher is recognised."""
-
-VISIBILITY_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
+from scalerun.placement import LOCAL_RANK_VARIABLES, Placement, detect, local_rank_only, on_one_node
+from scalerun.plan.rank import PlanOptions, RankPlan
+from scalerun.this_rank import plan_this_rank, read_topology, sysfs_root
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,19 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "topology, then exec CMD (use after any launcher: srun, mpirun, torchrun --no-python)."
         ),
     )
-    p.add_argument(
-        "--local-rank",
-        type=int,
-        metavar="N",
-        help="local rank (default: LOCAL_RANK, SLURM_LOCALID, "
-        "OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID)",
-    )
-    p.add_argument(
-        "--ranks-per-node",
-        type=int,
-        metavar="R",
-        help="ranks on this node (default: the launcher's count, else one per GPU)",
-    )
+    p.add_argument("--local-rank", type=int, metavar="N",
+                   help=f"local rank (default: the launcher's, else {', '.join(LOCAL_RANK_VARIABLES)})")
+    p.add_argument("--ranks-per-node", type=int, metavar="R",
+                   help="ranks on this node (default: the launcher's count, else one per GPU)")
     add_node_arguments(p, binds_this_process=True)
     p.add_argument(
         "--gpu-visibility",
@@ -64,6 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "GPU stays visible, numbered in PCI order, and the rank uses device N",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="do not print what was done")
+    p.add_argument("--print", dest="print_only", action="store_true",
+                   help="print the rank's plan as JSON and run nothing (no CMD needed)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="command to run")
     p.set_defaults(func=run)
     return p
@@ -71,101 +57,90 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
+    if not cmd and not args.print_only:
         raise ScalerunError("no command given; write scalerun bind [options] -- CMD ARGS")
-    topology = load_node(args.sysfs, args.allowed_cpus, own_affinity=True)
-    local_rank, ranks, source = rank_and_size(
-        args.local_rank, args.ranks_per_node, topology, os.environ
+    where = placement_for(args, os.environ)
+    reserved = args.reserved_cpus or None
+    plan = plan_this_rank(
+        site=args.site, sysfs=args.sysfs, allowed_cpus=args.allowed_cpus, placement=where,
+        options=PlanOptions(hyperthreads=args.hyperthreads, bind=True,
+                            reserved=_reserved(reserved)),
+        own_affinity=True,
     )
-    plan = plan_binding(
-        topology,
-        ranks,
-        hyperthreads=args.hyperthreads,
-        reserved=parse_cpulist(args.reserved_cpus, what="--reserved-cpus"),
-    )
-    binding, reason = binding_for_rank(plan, local_rank)
-    if binding is not None:
-        apply_affinity(binding.cpus)
-    exported = gpu_visibility(plan.ranks[local_rank], os.environ, args.gpu_visibility)
+    exported = gpu_visibility(plan, os.environ, args.gpu_visibility)
+    if args.print_only:
+        import json
+
+        from scalerun.commands.env import plan_json
+
+        print(json.dumps({**plan_json(plan), "exported": exported}, indent=2))
+        return 0
+    if plan.bind:
+        apply_affinity(plan.cpus)
     if not args.quiet:
-        print(
-            summary(plan.ranks[local_rank], ranks, source, binding is not None, reason, exported),
-            file=sys.stderr,
-        )
+        print(summary(plan, exported), file=sys.stderr)
     exec_command(cmd, exported)
 
 
-def rank_and_size(
-    local_rank: int | None, ranks: int | None, topology: Topology, environ: Mapping[str, str]
-) -> tuple[int, int, str]:
-    """Local rank and ranks per node: flags, else the launcher, else the listed variables.
+def _reserved(text: str | None) -> frozenset[int] | None:
+    from scalerun.topology.cpulist import parse_cpulist
 
-    Ranks per node fall back to one per GPU; a local rank is never guessed.
-    """
-    source = "flags"
+    return None if text is None else parse_cpulist(text, what="--reserved-cpus")
+
+
+def placement_for(args: argparse.Namespace, environ: Mapping[str, str]) -> Placement:
+    """The local rank and ranks per node: flags, else the launcher, else a local-rank
+    variable; ranks per node fall back to one per GPU. A local rank is never guessed."""
+    local_rank, ranks, source = args.local_rank, args.ranks_per_node, "flags"
     if local_rank is None or ranks is None:
-        placement = detect(environ)
-        if placement.launcher != "single":
-            source = placement.launcher
-            local_rank = placement.local_rank if local_rank is None else local_rank
-            ranks = placement.local_world_size if ranks is None else ranks
+        found = detect(environ)
+        if found.launcher != "single":
+            if local_rank is None and ranks is None:
+                return found
+            source = found.launcher
+            local_rank = found.local_rank if local_rank is None else local_rank
+            ranks = found.local_world_size if ranks is None else ranks
     if local_rank is None:
-        local_rank, source = _local_rank_variable(environ)
+        bare = local_rank_only(environ)
+        if bare is None:
+            raise PlacementError(
+                f"--local-rank is not given and none of {', '.join(LOCAL_RANK_VARIABLES)} is set; "
+                "pass --local-rank N"
+            )
+        local_rank, source = bare
     if ranks is None:
-        if not topology.gpus:
+        gpus = read_topology(sysfs_root(args.sysfs, environ), args.allowed_cpus, own_affinity=True).gpus
+        if not gpus:
             raise PlacementError(
                 "--ranks-per-node is not given and this node has no GPU to count; pass it"
             )
-        ranks, source = len(topology.gpus), f"{source}, one rank per GPU"
-    return local_rank, ranks, source
+        ranks, source = len(gpus), f"{source}, one rank per GPU"
+    return on_one_node(local_rank, ranks, source=source)
 
 
-def _local_rank_variable(environ: Mapping[str, str]) -> tuple[int, str]:
-    for name in LOCAL_RANK_VARIABLES:
-        if name in environ:
-            try:
-                return int(environ[name]), name
-            except ValueError:
-                raise PlacementError(
-                    f"{name}={environ[name]!r} is not a number; fix or unset it"
-                ) from None
-    raise PlacementError(
-        f"--local-rank is not given and none of {', '.join(LOCAL_RANK_VARIABLES)} is set; "
-        "pass --local-rank N"
-    )
-
-
-def gpu_visibility(binding: RankBinding, environ: Mapping[str, str], mode: str) -> dict[str, str]:
+def gpu_visibility(plan: RankPlan, environ: Mapping[str, str], mode: str) -> dict[str, str]:
     """Variables to export so that the rank's GPU is the one it uses.
 
     ``rank``: only its GPU is visible (LUMI's select-GPU wrapper), so device 0 is right.
-    ``all``: nothing hidden; CUDA numbers GPUs in PCI order like ROCm, so ``cuda:N`` is
-    GPU N of the plan. A variable already set (by the user or launcher) is kept.
+    ``all``: nothing hidden; GPUs are numbered in PCI order (the plan's CUDA_DEVICE_ORDER),
+    so ``cuda:N`` is GPU N of the plan. A variable already set (by the user or launcher)
+    is kept.
     """
-    if binding.gpu_index is None or binding.gpu_vendor is None:
-        return {}
-    exported: dict[str, str] = {}
-    if binding.gpu_vendor == "nvidia" and "CUDA_DEVICE_ORDER" not in environ:
-        exported["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    variable = VISIBILITY_VARIABLE[binding.gpu_vendor]
-    if mode == "rank" and variable not in environ:
-        exported[variable] = str(binding.gpu_index)
-    return exported
+    wanted = {name: value for name in ("CUDA_DEVICE_ORDER",)
+              if (value := plan.value(name)) is not None}
+    if mode == "rank":
+        wanted.update(plan.rank_visibility())
+    return {name: value for name, value in wanted.items() if name not in environ}
 
 
-def summary(
-    binding: RankBinding,
-    ranks: int,
-    source: str,
-    bound: bool,
-    reason: str,
-    exported: dict[str, str],
-) -> str:
+def summary(plan: RankPlan, exported: dict[str, str]) -> str:
     """One line: which rank, which GPU, which CPUs, and what was exported."""
+    binding, where = plan.binding, plan.placement
     gpu = f"GPU {binding.gpu_index} ({binding.gpu_pci})" if binding.gpu_pci else "no GPU"
-    cpus = f"CPUs {binding.cpulist}" if bound else f"affinity left as is: {reason}"
+    cpus = f"CPUs {binding.cpulist}" if plan.bind else f"affinity left as is: {plan.bind_reason}"
     env = ", ".join(f"{k}={v}" for k, v in exported.items()) or "no variable"
+    source = where.sources.get("local_rank", where.launcher)
     return (
-        f"scalerun bind: local rank {binding.local_rank} of {ranks} ({source}) -> {gpu}, "
-        f"NUMA {binding.numa}, NIC {binding.nic}, {cpus}; exported {env}"
+        f"scalerun bind: local rank {binding.local_rank} of {where.local_world_size} ({source}) -> "
+        f"{gpu}, NUMA {binding.numa}, NIC {binding.nic}, {cpus}; exported {env}"
     )

@@ -34,7 +34,7 @@ RANK_MODULE = "scalerun.doctor.rank"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from scalerun.launch import slurm_cli
+    from scalerun.launch import observe, slurm_cli
 
     p = subparsers.add_parser(
         "doctor",
@@ -51,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     local.add_argument("--nproc-per-node", type=int, metavar="N",
                        help="ranks on this machine (default 1); with SLURM flags: ranks per node")
     slurm_cli.add_arguments(p)
+    observe.add_run_dir_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -65,7 +66,7 @@ def way_in(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
     if launcher_name(environ) != "single":
         return "rank"
-    flags = [dest for dest in slurm_cli.SLURM_DESTS if dest != "site"]
+    flags = [dest for dest in (*slurm_cli.SLURM_DESTS, "run_dir") if dest != "site"]
     if any(slurm_cli.given(getattr(args, dest, None)) for dest in flags):
         return "slurm"
     return "local"
@@ -99,7 +100,8 @@ def run_here(options: DoctorOptions, nproc: int) -> int:
         result = Path(folder) / "report.json"
         argv = to_argv(replace(options, expect_world=nproc, result_file=str(result)))
         code = run_local(LocalLaunch(script=RANK_MODULE, script_args=tuple(argv), nproc_per_node=nproc,
-                                     standalone=True, module=True, prefix_output=False))
+                                     standalone=True, module=True, prefix_output=False,
+                                     check_gpus=False))
         if not result.is_file():
             return code or 1  # the ranks did not get as far as a report; run_local said why
         return int(json.loads(result.read_text())["summary"]["exit_code"])

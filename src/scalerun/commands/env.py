@@ -1,12 +1,22 @@
-"""``scalerun env``: the environment scalerun would set for this rank, and why."""
+"""``scalerun env``: the environment scalerun would set for this rank, and why.
+
+It shows the rank plan (:mod:`scalerun.plan.rank`) that ``scalerun.init()`` applies:
+the same CPUs, GPU, NIC and variables, read with the same rules.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Mapping
+from typing import Any
 
-from scalerun.netconf.current import decide_for_current_rank
-from scalerun.topology.cpulist import parse_cpulist
+from scalerun.netconf.settings import Setting
+from scalerun.plan.rank import RankPlan
+from scalerun.redact import is_secret_name, redact_quoted, redact_text, redact_value, secret_values
+from scalerun.sites import add_site_argument
+from scalerun.this_rank import plan_this_rank
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -19,8 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "caches, ...). Your own settings always win and are shown as such."
         ),
     )
-    p.add_argument("--site", help="site profile (default: $SCALERUN_SITE, else none)")
-    p.add_argument("--sysfs", default="/", metavar="ROOT", help="read the node from this root")
+    add_site_argument(p)
+    p.add_argument("--sysfs", metavar="ROOT",
+                   help="read the node from this root (default $SCALERUN_SYSFS, else /)")
     p.add_argument("--allowed-cpus", metavar="LIST", help="plan as if only these CPUs were allowed")
     p.add_argument("--explain", action="store_true", help="show where each value comes from")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -28,23 +39,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def plan_json(plan: RankPlan) -> dict[str, Any]:
+    """The rank plan as plain data (also what the parity test compares)."""
+    where = plan.placement
+    return {
+        "rank": where.rank,
+        "local_rank": where.local_rank,
+        "local_world_size": where.local_world_size,
+        "launcher": where.launcher,
+        "site": plan.site,
+        "cpus": list(plan.cpus),
+        "bind": plan.bind,
+        "gpu_index": plan.binding.gpu_index,
+        "gpu_pci": plan.binding.gpu_pci,
+        "device": plan.gpu.device.name,
+        "backend": plan.gpu.backend,
+        "gpu_error": plan.gpu.error,
+        "nic": plan.nic,
+        "threads": plan.threads,
+        "env": {s.name: s.value for s in shown_settings(plan)},
+        "explain": [{"name": s.name, "value": s.value, "source": s.source, "reason": s.reason}
+                    for s in shown_settings(plan)],
+    }
+
+
+def shown_settings(plan: RankPlan, environ: Mapping[str, str] | None = None) -> list[Setting]:
+    """The settings as they may be printed: secret values (by name, or found in a value or
+    reason) become ***, so that a copied ``scalerun env`` output leaks no token."""
+    secrets = secret_values(os.environ if environ is None else environ)
+    return [Setting(s.name, redact_value(s.name, s.value, secrets), s.source,
+                    redact_quoted(s.reason) if is_secret_name(s.name) else redact_text(s.reason, secrets))
+            for s in plan.environment]
+
+
 def run(args: argparse.Namespace) -> int:
-    allowed = parse_cpulist(args.allowed_cpus, what="--allowed-cpus") if args.allowed_cpus else None
-    rank_env = decide_for_current_rank(site_name=args.site, sysfs_root=args.sysfs,
-                                       allowed_cpus=allowed)
-    settings = rank_env.decision.settings
+    plan = plan_this_rank(site=args.site, sysfs=args.sysfs, allowed_cpus=args.allowed_cpus)
     if args.json:
-        print(json.dumps({
-            "rank": rank_env.placement.rank,
-            "local_rank": rank_env.placement.local_rank,
-            "launcher": rank_env.placement.launcher,
-            "site": rank_env.site.name if rank_env.site else None,
-            "env": {s.name: s.value for s in settings},
-            "explain": [{"name": s.name, "value": s.value, "source": s.source, "reason": s.reason}
-                        for s in settings],
-        }, indent=2))
+        print(json.dumps(plan_json(plan), indent=2))
         return 0
-    for setting in settings:
+    if args.explain:
+        secrets = secret_values(os.environ)
+        print(*(f"# {redact_text(line, secrets)}" for line in plan.explain()), sep="\n")
+    for setting in shown_settings(plan):
         line = f"export {setting.name}={setting.value}"
         print(f"{line:<60} # {setting.source}: {setting.reason}" if args.explain else line)
     return 0

@@ -25,6 +25,8 @@ from scalerun.errors import LaunchError
 from scalerun.launch.process import exec_command
 
 NAME = "exec"
+RDZV_CONF_VARIABLE = "PET_RDZV_CONF"
+"""torchrun reads ``--rdzv-conf`` from this variable when the flag is not given."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -56,10 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "node (empty when it cannot be planned), and exit",
     )
     p.add_argument(
-        "--reserved",
-        default="",
-        metavar="CPUS",
-        help="with --srun-cpu-bind: CPUs the site keeps for the system, e.g. 0,8,16",
+        "--torchrun-agent",
+        action="store_true",
+        help="CMD is torchrun's agent, one per node: tell it whether this node hosts the "
+        "c10d store (PET_RDZV_CONF=is_host=..., true on node 0), so the rendezvous does not "
+        "depend on host names matching SLURM's node names",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print every variable set")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
@@ -67,7 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str, str], list[str]]:
+def exported_env(
+    environ: Mapping[str, str], extra: list[str], *, torchrun_agent: bool = False
+) -> tuple[dict[str, str], list[str]]:
     """What to add to ``environ`` so CMD sees its rank, and a note per user value kept.
 
     Only unset variables are added; ``--env`` values expand against the task's
@@ -76,7 +81,12 @@ def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str
     from scalerun.launch.slurm import expand_template
     from scalerun.placement import detect, split_exports
 
-    wanted = detect(environ).to_env()
+    where = detect(environ)
+    wanted = where.to_env()
+    if torchrun_agent:
+        # torch's c10d rendezvous otherwise decides who hosts the store by comparing the
+        # endpoint's name with this machine's host name, which fails where they differ.
+        wanted[RDZV_CONF_VARIABLE] = f"is_host={'true' if where.node_rank == 0 else 'false'}"
     merged = {**wanted, **environ}
     for item in extra:
         name, sep, value = item.partition("=")
@@ -92,47 +102,45 @@ def exported_env(environ: Mapping[str, str], extra: list[str]) -> tuple[dict[str
 
 
 def decided_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The rank's communication, thread and cache variables (``scalerun env``), so that a
-    program that is not scalerun-aware gets what ``scalerun.init()`` would set.
+    """The rank plan's communication, thread and cache variables (``scalerun env``), so
+    that a program that is not scalerun-aware gets what ``scalerun.init()`` would set.
 
     The user's values are never replaced; ``SCALERUN_NETCONF=0`` turns this off.
     """
     if environ.get("SCALERUN_NETCONF", "1") == "0":
         return {}
-    from scalerun.errors import TopologyError
-    from scalerun.netconf.apply import apply_decision
-    from scalerun.netconf.current import decide_for_current_rank
+    from scalerun.netconf.apply import apply_settings
+    from scalerun.this_rank import plan_this_rank
 
-    try:
-        decision = decide_for_current_rank(environ=environ).decision
-    except TopologyError as error:
-        print(f"scalerun exec: rank environment not decided: {error}", file=sys.stderr)
-        return {}
-    return apply_decision(decision, {})
+    plan = plan_this_rank(environ=environ, tolerate_missing_sysfs=True)
+    return apply_settings(plan.environment, {})
 
 
 def srun_cpu_bind_here(
     ranks_per_node: int,
-    reserved: str,
     environ: Mapping[str, str],
-    sysfs_root: str = "/",
     allowed: frozenset[int] | None = None,
 ) -> tuple[str, str]:
-    """(srun ``--cpu-bind`` value or "", why): the binding plan of this node, if it is the job's.
+    """(srun ``--cpu-bind`` value or "", why): the node plan of this node, if it is the job's.
 
     A batch script runs on the job's first node (``SLURMD_NODENAME`` is set), whose CPUs
     stand for every node's. Its own CPU set is the job's on that node only where SLURM
     confines it (cgroups, as on LUMI), which shows as as many CPUs as
     ``SLURM_CPUS_ON_NODE``; elsewhere, or in an ``salloc`` shell on a login node, masks
     planned here could name CPUs the job does not have, so binding is left to SLURM.
+    The CPUs are cut to the cgroup cpuset where one is found (the job's, on that node).
+    The site (``$SCALERUN_SITE``, exported by the job script) decides reserved cores;
+    ``$SCALERUN_HYPERTHREADS`` (``--hyperthreads``) adds sibling threads, and SLURM's GPU
+    lists the GPUs a partial node's ranks share out, as the ranks' own plans do.
     """
-    from scalerun.topology import parse_cpulist
+    from scalerun.errors import ScalerunError
+    from scalerun.this_rank import plan_this_node, sysfs_root
+    from scalerun.topology.cgroup import read_cpuset, within_cpuset
 
     if ranks_per_node < 1:
         raise LaunchError(f"--srun-cpu-bind {ranks_per_node}: give the ranks per node, 1 or more")
-    # a bad --reserved comes from a site profile: an error, never binding quietly switched off
-    skipped = parse_cpulist(reserved, what="--reserved") if reserved else frozenset()
     allowed = frozenset(os.sched_getaffinity(0)) if allowed is None else allowed
+    allowed, _ = within_cpuset(allowed, read_cpuset(sysfs_root(None, environ)))
     if "SLURMD_NODENAME" not in environ:
         return "", "not on a node of the job (an salloc shell?): CPU binding left to SLURM"
     on_node = environ.get("SLURM_CPUS_ON_NODE", "")
@@ -141,20 +149,36 @@ def srun_cpu_bind_here(
             f"this shell may use {len(allowed)} CPUs but the job has {on_node} on this "
             "node (not confined by SLURM): CPU binding left to SLURM"
         )
-    from scalerun.binding import plan_binding, srun_cpu_bind
-    from scalerun.errors import ScalerunError
-    from scalerun.topology import read_node
-
     try:
-        plan = plan_binding(read_node(sysfs_root, allowed), ranks_per_node, reserved=skipped)
+        _, node = plan_this_node(ranks_per_node, environ=environ,
+                                 allowed_cpus=",".join(map(str, sorted(allowed))))
     except ScalerunError as error:
         return "", f"no binding plan ({error}); CPU binding left to SLURM"
-    return srun_cpu_bind(plan), "; ".join(plan.reasons + plan.warnings)
+    plan = node.binding
+    return node.srun_cpu_bind, "; ".join((*plan.reasons, *plan.warnings, f"reserved: {node.reserved.reason}"))
+
+
+def profiled(command: list[str], environ: Mapping[str, str]) -> list[str]:
+    """The command behind a command-line profiler where ``--profile-ranks`` chose this rank
+    (``torch`` profiles inside the rank instead); the output is named after the rank."""
+    from scalerun import profile
+    from scalerun.placement import detect
+    from scalerun.rundir import profile_dir, run_dir_from
+
+    spec, run_dir = environ.get(profile.RANKS_VARIABLE), run_dir_from(environ)
+    if not spec or run_dir is None or profile.profiler_of(environ) == "torch":
+        return command
+    where = detect(environ)
+    if not profile.is_chosen(spec, where.rank, where.local_rank):
+        return command
+    folder = profile_dir(run_dir, where.rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [*profile.prefix_words(profile.profiler_of(environ), folder, where.rank), *command]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.srun_cpu_bind is not None:
-        value, why = srun_cpu_bind_here(args.srun_cpu_bind, args.reserved, os.environ)
+        value, why = srun_cpu_bind_here(args.srun_cpu_bind, os.environ)
         print(f"scalerun exec: cpu-bind {value or '(SLURM default)'}: {why}", file=sys.stderr)
         print(value)
         return 0
@@ -166,8 +190,14 @@ def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise LaunchError("scalerun exec needs a command: scalerun exec -- python train.py")
-    added, kept = exported_env(os.environ, args.env)
+    added, kept = exported_env(os.environ, args.env, torchrun_agent=args.torchrun_agent)
     added.update(decided_env({**os.environ, **added}))
+    environ = {**os.environ, **added}
+    command = profiled(command, environ)
+    if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:  # a SLURM task (srun step)
+        from scalerun.launch.observe import start_sampler_for_task
+
+        start_sampler_for_task(environ)
     for note in kept:
         print(f"scalerun exec: {note}", file=sys.stderr)
     if args.verbose:

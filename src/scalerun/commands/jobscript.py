@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from scalerun.files import write_text_atomic
-from scalerun.launch import slurm_cli, slurm_submit
+from scalerun.launch import observe, slurm_cli, slurm_submit
 from scalerun.launch.slurm import render_sbatch
 
 NAME = "jobscript"
@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="write the script here ('-' for stdout) instead of RUN_DIR/job.sbatch",
     )
     slurm_cli.add_arguments(p)
+    observe.add_arguments(p)
     slurm_cli.add_program_arguments(p)
     p.set_defaults(func=run)
     return p

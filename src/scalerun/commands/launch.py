@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from scalerun.errors import LaunchError
-from scalerun.launch import slurm_cli
+from scalerun.launch import observe, slurm_cli
 from scalerun.launch.local import LocalLaunch, run_local
+from scalerun.plan.gpu import BACKENDS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,9 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="SCRIPT is a module name, run like python -m")
     local.add_argument("--no-python", action="store_true",
                        help="SCRIPT is an executable, not a Python file")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="process-group backend of scalerun ranks (default: nccl on GPUs, gloo "
+                   "on CPUs); gloo with more ranks than GPUs is a CPU-only run")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="each rank prints one placement report line at start")
     slurm_cli.add_arguments(p)
+    observe.add_arguments(p)
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -91,6 +97,9 @@ def request_from_args(args: argparse.Namespace) -> LocalLaunch:
         prefix_output=not args.no_prefix,
         verbose=args.verbose,
         max_restarts=args.max_restarts,
+        backend=args.backend,
+        observe=observe.observe_from_args(args, Path(args.script).stem or "run"),
+        env=slurm_cli.binding_env(args),  # --hyperthreads, --membind for every rank's plan
     )
 
 

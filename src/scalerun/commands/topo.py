@@ -2,30 +2,22 @@
 
 This command decides how the topology and the plan are shown: a table for people, JSON
 for tools, or the bare srun ``--cpu-bind`` value for job scripts. It plans nothing
-itself (:mod:`scalerun.binding` does) and reads the node only through
-:func:`scalerun.topology.read_node`.
+itself: it asks :func:`scalerun.this_rank.plan_this_node`, the node plan every other
+path (``init()``, ``exec``, ``bind``, ``env``, the job script, the doctor) also uses.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
-from scalerun.binding import BindingPlan, RankBinding, plan_binding, srun_cpu_bind, usable_cores
 from scalerun.errors import TopologyError
-from scalerun.topology import (
-    Topology,
-    amd,
-    format_cpulist,
-    gpu_numa,
-    nearest_nic,
-    nvidia,
-    parse_cpulist,
-    read_node,
-    read_online_cpus,
-)
+from scalerun.plan.binding import RankBinding, srun_cpu_bind, usable_cores
+from scalerun.plan.rank import NodePlan
+from scalerun.sites import add_site_argument
+from scalerun.this_rank import plan_this_node
+from scalerun.topology import Topology, amd, format_cpulist, gpu_numa, nearest_nic, nvidia
 from scalerun.topology.model import Gpu, GpuReport, Nic, nic_numa
 from scalerun.topology.report import check_reports
 
@@ -71,9 +63,9 @@ def add_node_arguments(p: argparse.ArgumentParser, *, binds_this_process: bool =
     )
     p.add_argument(
         "--sysfs",
-        default="/",
         metavar="ROOT",
-        help="sysfs root to read (default /; a fixture folder to plan for another node)",
+        help="sysfs root to read (default $SCALERUN_SYSFS, else /; a fixture folder plans "
+        "for another node)",
     )
     p.add_argument(
         "--allowed-cpus",
@@ -83,9 +75,10 @@ def add_node_arguments(p: argparse.ArgumentParser, *, binds_this_process: bool =
     p.add_argument(
         "--reserved-cpus",
         metavar="LIST",
-        default="",
-        help="CPUs the site reserves for the system; their whole cores are skipped",
+        help="CPUs kept for the system, their whole cores skipped (default: the site's, on "
+        "a node of the site's core count)",
     )
+    add_site_argument(p)
     p.add_argument(
         "--hyperthreads",
         action="store_true",
@@ -93,47 +86,19 @@ def add_node_arguments(p: argparse.ArgumentParser, *, binds_this_process: bool =
     )
 
 
-def load_node(sysfs: str, allowed_text: str | None, *, own_affinity: bool = False) -> Topology:
-    """Read the node; ``--allowed-cpus`` must name CPUs the node has.
-
-    Without it, this process's affinity counts on ``/`` (or always, with
-    ``own_affinity``: binding acts on this process); another node's picture uses all
-    its online CPUs, since this process's affinity says nothing about that node.
-    """
-    if allowed_text is None:
-        if own_affinity or os.path.realpath(sysfs) == "/":
-            return read_node(sysfs)
-        return read_node(sysfs, read_online_cpus(sysfs))
-    allowed = parse_cpulist(allowed_text, what="--allowed-cpus")
-    online = read_online_cpus(sysfs)
-    if not allowed or not allowed <= online:
-        raise TopologyError(
-            f"--allowed-cpus {allowed_text} names CPUs "
-            f"{format_cpulist(allowed - online) or '(none)'} "
-            f"that the node under {sysfs} does not have (online {format_cpulist(online)}); "
-            "give CPUs from that list"
-        )
-    return read_node(sysfs, allowed)
-
-
-def default_ranks(topology: Topology) -> int:
-    """One rank per GPU, or per NUMA node on a CPU-only node."""
-    return len(topology.gpus) or len(topology.numa_nodes)
-
-
 def run(args: argparse.Namespace) -> int:
-    topology = load_node(args.sysfs, args.allowed_cpus)
-    ranks = default_ranks(topology) if args.ranks_per_node is None else args.ranks_per_node
-    reserved = parse_cpulist(args.reserved_cpus, what="--reserved-cpus")
-    plan = plan_binding(topology, ranks, hyperthreads=args.hyperthreads, reserved=reserved)
+    topology, node = plan_this_node(
+        args.ranks_per_node, site=args.site, sysfs=args.sysfs, allowed_cpus=args.allowed_cpus,
+        hyperthreads=args.hyperthreads, reserved=args.reserved_cpus,
+    )
     checks = tool_checks(topology) if args.tools else None
     if args.format == "json":
-        print(json.dumps({**plan_json(topology, plan, reserved), "tool_checks": checks}, indent=2))
+        print(json.dumps({**plan_json(topology, node), "tool_checks": checks}, indent=2))
     elif args.format == "srun":
-        print(srun_cpu_bind(plan))
+        print(node.srun_cpu_bind)
     else:
         explicit = args.ranks_per_node is not None
-        print(render_table(topology, plan, reserved, explicit_ranks=explicit))
+        print(render_table(topology, node, explicit_ranks=explicit))
         if checks is not None:
             verdict = "GPU numbering agrees with PCI order" if topology.gpus else "no GPU to check"
             print("tools:", *(f"  {line}" for line in checks or [verdict]), sep="\n")
@@ -160,10 +125,9 @@ def _vendor_reports(vendor: str) -> list[GpuReport]:
         return tool()
 
 
-def plan_json(
-    topology: Topology, plan: BindingPlan, reserved: frozenset[int] = frozenset()
-) -> dict[str, Any]:
+def plan_json(topology: Topology, node: NodePlan) -> dict[str, Any]:
     """The node and the plan as plain data for other tools."""
+    plan, reserved = node.binding, node.reserved.cpus
     return {
         "gpus": [_gpu_json(topology, gpu) for gpu in topology.gpus],
         "nics": [_nic_json(nic) for nic in topology.nics],
@@ -171,6 +135,7 @@ def plan_json(
         "allowed_cpus": format_cpulist(topology.allowed_cpus),
         "ranks": [_rank_json(rank) for rank in plan.ranks],
         "srun_cpu_bind": srun_cpu_bind(plan),
+        "reserved": node.reserved.reason,
         "reasons": list(plan.reasons),
         "warnings": list(plan.warnings),
     }
@@ -259,21 +224,16 @@ def _node_summary(
     }
 
 
-def render_table(
-    topology: Topology,
-    plan: BindingPlan,
-    reserved: frozenset[int] = frozenset(),
-    *,
-    explicit_ranks: bool = False,
-) -> str:
+def render_table(topology: Topology, node: NodePlan, *, explicit_ranks: bool = False) -> str:
     """The node per NUMA node, then one line per rank; plain text, stable for tests."""
+    plan, reserved = node.binding, node.reserved.cpus
     lines = [_headline(topology)]
-    for node in numa_summary(topology, reserved):
-        lines.append(f"NUMA {node['id']}  CPUs {node['cpus']}  usable {node['usable'] or '-'}")
-        lines += [f"  L3 {d['cpus']}: usable {d['usable'] or '-'}" for d in node["cache_domains"]]
-        lines += [f"  GPU {g['index']}  {g['pci']}  {g['vendor']}" for g in node["gpus"]]
+    for numa in numa_summary(topology, reserved):
+        lines.append(f"NUMA {numa['id']}  CPUs {numa['cpus']}  usable {numa['usable'] or '-'}")
+        lines += [f"  L3 {d['cpus']}: usable {d['usable'] or '-'}" for d in numa["cache_domains"]]
+        lines += [f"  GPU {g['index']}  {g['pci']}  {g['vendor']}" for g in numa["gpus"]]
         lines += [
-            f"  NIC {n['name']}  {n['pci']}  {n['speed']}  {n['operstate']}" for n in node["nics"]
+            f"  NIC {n['name']}  {n['pci']}  {n['speed']}  {n['operstate']}" for n in numa["nics"]
         ]
     why = (
         ""
@@ -292,7 +252,8 @@ def render_table(
             f"{r.local_rank:>4}  {gpu:>3}  {r.gpu_pci or '-':<12}  {numa:>4}  "
             f"{r.nic or '-':<8}  {r.cpulist}"
         )
-    lines += ["", f"srun --cpu-bind={srun_cpu_bind(plan)}", "", "how:"]
+    lines += ["", f"srun --cpu-bind={srun_cpu_bind(plan)}", "", "how:",
+              f"  reserved cores: {node.reserved.reason}"]
     lines += [f"  {reason}" for reason in plan.reasons]
     lines += ["warnings:", *(f"  {warning}" for warning in plan.warnings)] if plan.warnings else []
     return "\n".join(lines)

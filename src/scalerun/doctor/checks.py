@@ -177,18 +177,25 @@ def check_devices(facts: Sequence[Facts]) -> list[Verdict]:
         out.append(_verdict(FAIL, "devices", "a rank could not choose its GPU",
                             "give each rank one GPU (srun --gpus-per-task=1) or let every rank see all GPUs of its node",
                             errors, (f"rank {f.rank} on {f.host}: {f.device_error}" for f in errors)))
-    blind = [f for f in facts if not f.simulated and f.node_gpus and f.gpu_count == 0 and not f.device_error]
+    blind = [f for f in facts if not f.simulated and f.node_gpus and f.gpu_count == 0
+             and not f.device_error and not hidden_on_purpose(f.visible)]
     if blind:
         out.append(_verdict(FAIL, "devices", "the node has GPUs but torch sees none", _blind_fix(blind[0]), blind,
                             (f"rank {f.rank} on {f.host}: {f.node_gpus} GPU(s) on the node, "
                              f"torch {f.versions.get('torch')} sees 0 ({_shown(f.visible)})" for f in blind)))
-    phantom = [f for f in facts if f.visible and f.gpu_count == 0 and f.node_gpus == 0]
+    phantom = [f for f in facts if any(f.visible.values()) and f.gpu_count == 0 and f.node_gpus == 0]
     if phantom:
         out.append(_verdict(WARN, "devices", "GPUs were allocated but the node has none that torch can use",
                             "check that the partition has GPUs (rocm-smi / nvidia-smi on the node)", phantom,
                             (f"rank {f.rank} on {f.host}: {_shown(f.visible)}" for f in phantom)))
     out += _uneven_visibility(facts)
     return out or [passed("devices", _device_summary(facts))]
+
+
+def hidden_on_purpose(visible: dict[str, str]) -> bool:
+    """An empty visibility variable (``CUDA_VISIBLE_DEVICES=``) hides every GPU on purpose:
+    a CPU-only run on a GPU node, not a broken one."""
+    return any(value.strip() == "" for value in visible.values())
 
 
 def _blind_fix(fact: Facts) -> str:
@@ -219,6 +226,16 @@ def _device_summary(facts: Sequence[Facts]) -> str:
         return "every rank computes on the CPU (no GPU in use)"
     seen = sorted({f.gpu_count for f in facts})
     return f"every rank computes on a GPU; each sees {' or '.join(map(str, seen))}"
+
+
+def check_gpu_count(facts: Sequence[Facts]) -> list[Verdict]:
+    """A node runs no more ranks than it has GPUs: NCCL cannot put two ranks on one GPU."""
+    bad = [f for f in facts if f.gpu_count_error]
+    if not bad:
+        return [passed("gpu-count", "no node runs more ranks than it has GPUs")]
+    return [_verdict(FAIL, "gpu-count", "a node runs more ranks than it has GPUs: NCCL refuses them",
+                     "run one rank per GPU (--nproc-per-node gpu), or the gloo backend for a CPU-only run",
+                     bad, (f"{host}: {group[0].gpu_count_error}" for host, group in by_host(bad).items()))]
 
 
 def check_gpu_sharing(facts: Sequence[Facts]) -> list[Verdict]:
@@ -507,6 +524,7 @@ def _smoke_detail(fact: Facts) -> str:
 
 CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
     check_devices,
+    check_gpu_count,
     check_gpu_sharing,
     check_cpu_binding,
     check_numa,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -19,18 +18,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalerun.netconf.caches import CACHE_VARIABLES
-from scalerun.netconf.decide import Decision
-from scalerun.netconf.interfaces import choose_interfaces, interface_kind
+from scalerun.netconf.interfaces import interface_kind
 from scalerun.netconf.plugin import find_plugins
+from scalerun.netconf.settings import Setting
 from scalerun.netconf.versions import rocm_version
-from scalerun.runtime.device import visible_devices
-from scalerun.sites import SiteProfile
+from scalerun.placement import node_name
+from scalerun.plan.gpu import visible_devices
 from scalerun.topology.cpulist import cpus_to_mask, format_cpulist
-from scalerun.topology.model import Gpu, Topology, gpu_numa, nearest_nic, nearest_nic_to_numa
+from scalerun.topology.model import Gpu, Topology, gpu_numa
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from scalerun.plan.rank import RankPlan
     from scalerun.runtime.context import Context
 
 JOB_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_GPUS_ON_NODE")
@@ -74,6 +74,8 @@ class Facts:
     gpu_vendor: str | None = None
     device_error: str | None = None
     """Why no device could be chosen (local rank beyond the GPUs it sees)."""
+    gpu_count_error: str | None = None
+    """The plan's one line when the node runs more ranks than it has GPUs (NCCL refuses)."""
     node_gpus: int = 0
     """GPUs the node has, from its PCI devices."""
     simulated: bool = False
@@ -150,28 +152,6 @@ def facts_from_dict(data: Mapping[str, Any]) -> Facts:
 # ---------------------------------------------------------------------------
 
 
-def visible_physical(environ: Mapping[str, str], total: int, vendor: str | None) -> list[int] | None:
-    """Physical GPU indices (PCI order) a process sees, from the visibility variables.
-
-    ROCm applies ROCR_VISIBLE_DEVICES, then HIP_VISIBLE_DEVICES (and its alias
-    CUDA_VISIBLE_DEVICES) to what is left; CUDA reads only CUDA_VISIBLE_DEVICES. None when
-    a value is not a list of indices (UUIDs), since only the runtime can map those.
-    """
-    names = ("CUDA_VISIBLE_DEVICES",) if vendor == "nvidia" else (
-        "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-    indices = list(range(total))
-    for name in names:
-        value = environ.get(name)
-        if value is None:
-            continue
-        try:
-            picks = [int(part) for part in value.split(",") if part.strip()]
-        except ValueError:
-            return None
-        indices = [indices[pick] for pick in picks if 0 <= pick < len(indices)]
-    return indices
-
-
 def cpu_layout(topology: Topology, cpus: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(core of each CPU, NUMA nodes of the CPUs); CPUs the node lacks are left out."""
     core_of = {cpu: core for core in topology.cores for cpu in core.threads}
@@ -226,24 +206,14 @@ def real_gpu(device: torch.device, topology: Topology) -> RankGpu:
     return RankGpu(count, index, gpu, pci)
 
 
-def simulated_gpu(topology: Topology, local_rank: int, local_world_size: int,
-                  environ: Mapping[str, str]) -> RankGpu:
-    """The GPU a rank would use on the fixture node: the rule ``scalerun.init`` applies."""
-    from scalerun.errors import ScalerunError
-    from scalerun.runtime.device import choose_device
-
-    vendor = topology.gpus[0].vendor if topology.gpus else None
-    physical = visible_physical(environ, len(topology.gpus), vendor)
-    seen = physical if physical is not None else list(range(len(topology.gpus)))
-    try:
-        choice = choose_device(local_rank=local_rank, local_world_size=local_world_size,
-                               gpu_count=len(seen), environ=environ)
-    except ScalerunError as error:
-        return RankGpu(len(seen), None, None, None, str(error))
-    if choice.index is None:
-        return RankGpu(0, None, None, None)
-    gpu = topology.gpus[seen[choice.index]]
-    return RankGpu(len(seen), choice.index, gpu, gpu.pci)
+def planned_gpu(topology: Topology, plan: RankPlan) -> RankGpu:
+    """The GPU a rank would use on the fixture node: the rank plan's (``init()``'s rule)."""
+    gpu_plan = plan.gpu
+    device_error = gpu_plan.error if not gpu_plan.too_many_ranks else None
+    if gpu_plan.device.index is None:
+        return RankGpu(gpu_plan.visible if device_error else 0, None, None, None, device_error)
+    gpu = topology.gpus[gpu_plan.physical] if gpu_plan.physical is not None else None
+    return RankGpu(gpu_plan.visible, gpu_plan.device.index, gpu, gpu.pci if gpu else None)
 
 
 def library_versions() -> dict[str, str | None]:
@@ -276,81 +246,52 @@ def _nccl_version() -> str | None:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def nearest_rank_nic(topology: Topology, gpu: Gpu | None, numas: Sequence[int]) -> str | None:
-    """The GPU's nearest NIC; for a CPU rank, the fastest NIC of its one NUMA node."""
-    nic = nearest_nic(topology, gpu) if gpu else (
-        nearest_nic_to_numa(topology, numas[0]) if len(numas) == 1 else None)
-    return nic.name if nic else None
-
-
-def cache_states(decision: Decision) -> tuple[tuple[str, str, bool], ...]:
+def cache_states(settings: Sequence[Setting]) -> tuple[tuple[str, str, bool], ...]:
     """Each cache folder of the decided environment and whether this rank can write it."""
     return tuple(
         (s.name, s.value, os.path.isdir(s.value) and os.access(s.value, os.W_OK))
-        for s in decision.settings if s.name in CACHE_NAMES
+        for s in settings if s.name in CACHE_NAMES
     )
 
 
-def binding_suggestion(topology: Topology, local_rank: int, local_world_size: int,
-                       site: SiteProfile | None) -> tuple[str | None, str | None]:
-    """(this rank's planned CPUs, srun ``--cpu-bind`` for the node) from the binding plan
-    of the whole node, whatever this process was allowed: that is what the fix should ask."""
-    from scalerun.binding import plan_binding, srun_cpu_bind
-    from scalerun.errors import ScalerunError
-
-    reserved = site.node.reserved_cores if site and site.node.cores == len(topology.cores) else ()
-    try:
-        plan = plan_binding(topology, local_world_size, reserved=reserved)
-    except ScalerunError:
-        return None, None
-    return plan.ranks[local_rank].cpulist, srun_cpu_bind(plan)
-
-
-def network_facts(topology: Topology, rank_gpu: RankGpu, numas: Sequence[int], site: SiteProfile | None,
-                  environ: Mapping[str, str]) -> dict[str, Any]:
-    """Interfaces of the node, the ones the libraries are told to use, and what scalerun would pick."""
-    nearest = nearest_rank_nic(topology, rank_gpu.gpu, numas)
-    site_interfaces = site.network.interfaces if site else ()
-    choice = choose_interfaces(topology.nics, site_interfaces=site_interfaces, nearest=nearest)
+def network_facts(topology: Topology, plan: RankPlan, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Interfaces of the node, the ones the libraries are told to use, and the plan's."""
     return {
         "nics": tuple((nic.name, interface_kind(nic)) for nic in topology.nics),
-        "nearest_nic": nearest,
+        "nearest_nic": plan.nic,
         "nccl_ifname": environ.get("NCCL_SOCKET_IFNAME"),
         "gloo_ifname": environ.get("GLOO_SOCKET_IFNAME"),
-        "recommended_ifname": choice.ifname or None,
+        "recommended_ifname": plan.interfaces.ifname or None if plan.interfaces else None,
         "plugins": tuple(find_plugins(environ)),
     }
 
 
-def locate_gpu(ctx: Context, topology: Topology, simulated: bool, environ: Mapping[str, str]) -> RankGpu:
-    """This rank's GPU: torch's own on a real node, the init rule's on a fixture node."""
-    where = ctx.placement
-    if simulated:
-        return simulated_gpu(topology, where.local_rank, where.local_world_size, environ)
-    return real_gpu(ctx.device, topology)
+def locate_gpu(ctx: Context, topology: Topology, plan: RankPlan, simulated: bool) -> RankGpu:
+    """This rank's GPU: torch's own on a real node, the plan's on a fixture node."""
+    return planned_gpu(topology, plan) if simulated else real_gpu(ctx.device, topology)
 
 
-def gather_facts(*, ctx: Context, topology: Topology, site: SiteProfile | None, rank_gpu: RankGpu,
-                 decision: Decision, simulated: bool, smoke: Smoke | None,
+def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: RankGpu,
+                 simulated: bool, smoke: Smoke | None,
                  environ: Mapping[str, str] | None = None) -> Facts:
-    """This rank's facts, after ``scalerun.init`` (which may have bound its CPUs)."""
+    """This rank's facts, after ``scalerun.init`` (which may have bound its CPUs); what
+    scalerun would do comes from the rank plan, never from a plan of the doctor's own."""
     env = os.environ if environ is None else environ
-    where = ctx.placement
     cpus = tuple(sorted(os.sched_getaffinity(0)))
     cores, numas = cpu_layout(topology, cpus)
-    planned, suggested = binding_suggestion(topology, where.local_rank, where.local_world_size, site)
     return Facts(
-        host=socket.gethostname(), rank=ctx.rank, world_size=ctx.world_size,
+        host=node_name(env), rank=ctx.rank, world_size=ctx.world_size,
         local_rank=ctx.local_rank, local_world_size=ctx.local_world_size,
-        node_rank=ctx.node_rank, launcher=where.launcher, backend=ctx.backend,
+        node_rank=ctx.node_rank, launcher=ctx.placement.launcher, backend=ctx.backend,
         visible=visible_devices(env), gpu_count=rank_gpu.count, gpu_index=rank_gpu.index,
         gpu_pci=rank_gpu.pci, gpu_numa=gpu_numa(topology, rank_gpu.gpu) if rank_gpu.gpu else None,
         gpu_vendor=rank_gpu.gpu.vendor if rank_gpu.gpu else None, device_error=rank_gpu.error,
+        gpu_count_error=plan.gpu.error if plan.gpu.too_many_ranks else None,
         node_gpus=len(topology.gpus), simulated=simulated,
         cpus=cpus, cores=cores, cpu_numas=numas, node_cpus=tuple(sorted(topology.online_cpus)),
-        planned_cpus=planned, suggested_bind=suggested,
-        **network_facts(topology, rank_gpu, numas, site, env),
-        environment=tuple((s.name, s.value, s.source) for s in decision.settings),
+        planned_cpus=plan.binding.cpulist, suggested_bind=plan.node.srun_cpu_bind,
+        **network_facts(topology, plan, env),
+        environment=tuple((s.name, s.value, s.source) for s in plan.environment),
         versions=library_versions(), job={k: env[k] for k in JOB_VARIABLES if k in env},
-        caches=cache_states(decision), smoke=smoke,
+        caches=cache_states(plan.environment), smoke=smoke,
     )

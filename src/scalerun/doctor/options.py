@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from scalerun.errors import ScalerunError
+from scalerun.sites.choice import add_site_argument
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -113,7 +114,7 @@ def add_check_arguments(parser: argparse.ArgumentParser, *, with_site: bool) -> 
     group.add_argument("--probe-timeout", type=float, default=30.0, metavar="S",
                        help="seconds a bisection probe may take (default 30)")
     if with_site:
-        group.add_argument("--site", help="site profile name or .toml path (default $SCALERUN_SITE or local)")
+        add_site_argument(group)
         group.add_argument("--expect-world", type=int, help="world size the launch asked for")
         group.add_argument("--result-file", help="rank 0 writes the JSON report here; ranks exit 0")
 

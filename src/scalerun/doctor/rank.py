@@ -31,7 +31,7 @@ from scalerun.doctor.gpu import smoke_test
 from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args
 from scalerun.doctor.report import Report, render_text, to_json
 from scalerun.errors import ScalerunError
-from scalerun.sites import SiteProfile
+from scalerun.placement import node_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.runtime.context import Context
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(options_from_args(build_parser().parse_args(argv)))
     except ScalerunError as error:
-        print(f"scalerun doctor: rank on {socket.gethostname()}: error: {error}", file=sys.stderr, flush=True)
+        print(f"scalerun doctor: rank on {node_name()}: error: {error}", file=sys.stderr, flush=True)
         return 2
 
 
@@ -79,15 +79,34 @@ def run(options: DoctorOptions) -> int:
     import scalerun
 
     notes = prepare_environment(os.environ, torch.cuda.is_available())
-    ctx = scalerun.init(timeout=options.timeout_s)
+    before_init = dict(os.environ)
+    backend = doctor_backend(before_init, notes)
+    ctx = scalerun.init(backend=backend, timeout=options.timeout_s)
     try:
-        report = examine(ctx, options, notes)
+        report = examine(ctx, options, notes, before_init)
     finally:
         _forget_nccl_log(notes)
     if ctx.rank == 0:
         publish(report, options)
     scalerun.shutdown()
     return 0 if options.result_file else report.exit_code
+
+
+def doctor_backend(environ: dict[str, str], notes: list[str]) -> str | None:
+    """gloo where this machine's plan refuses NCCL (more ranks than GPUs), so that the
+    doctor can join its ranks and turn that refusal into a FAIL verdict, not a crash."""
+    import torch
+
+    from scalerun.plan.rank import PlanOptions
+    from scalerun.this_rank import plan_this_rank
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = plan_this_rank(environ=environ, options=PlanOptions(visible_gpus=gpus),
+                          tolerate_missing_sysfs=True)
+    if not here.gpu.too_many_ranks:
+        return None
+    notes.append("its ranks joined over gloo: NCCL would refuse them (see gpu-count)")
+    return "gloo"
 
 
 def publish(report: Report, options: DoctorOptions) -> None:
@@ -106,27 +125,24 @@ class Stage:
     options: DoctorOptions
     control: Any
     """The gloo group of :func:`collectives.control_group`."""
-    site: SiteProfile | None
+    site_name: str
     hosts: dict[int, str]
     notes: list[str]
 
-    @property
-    def site_name(self) -> str:
-        return self.site.name if self.site else "none"
 
-
-def examine(ctx: Context, options: DoctorOptions, notes: list[str]) -> Report:
+def examine(ctx: Context, options: DoctorOptions, notes: list[str], before_init: dict[str, str]) -> Report:
     """All steps; a broken barrier or collective ends the run with what is known so far."""
     control = collectives.control_group(options.timeout_s)
-    identity = collectives.gather(socket.gethostname(), control)
-    local, decision = prepare_node(ctx, options)
-    stage = Stage(ctx, options, control, local["site"], dict(enumerate(identity)),
-                  [f"the doctor set {note} in its own ranks" for note in notes])
+    identity = collectives.gather(node_name(), control)
+    local = prepare_node(ctx, options, before_init)
+    stage = Stage(ctx, options, control, local["plan"].site, dict(enumerate(identity)),
+                  [note if note.startswith("its ranks") else f"the doctor set {note} in its own ranks"
+                   for note in notes])
     barrier = collectives.timed_barrier(control, options.timeout_s)
     verdict = checks.barrier_verdict(barrier, stage.hosts, options.timeout_s)
     if not barrier.ok:
         return Report(world_size=ctx.world_size, verdicts=(verdict,), barrier=barrier, site=stage.site_name)
-    facts = collectives.gather(gather_facts(ctx=ctx, **local, decision=decision, smoke=smoke_test(ctx.device)), control)
+    facts = collectives.gather(gather_facts(ctx=ctx, **local, smoke=smoke_test(ctx.device)), control)
     try:
         return check_collectives(stage, facts, barrier, verdict)
     except RuntimeError as error:  # a rank died or a group broke: report what is known
@@ -135,23 +151,29 @@ def examine(ctx: Context, options: DoctorOptions, notes: list[str]) -> Report:
         return _report(stage, facts, [verdict, failed], barrier=barrier)
 
 
-def prepare_node(ctx: Context, options: DoctorOptions) -> tuple[dict[str, Any], Any]:
-    """Read the node and decide the rank's environment as ``scalerun.init`` does (from the
-    environment as it was before init exported its decisions); local rank 0 makes sure the
-    node's caches exist before the barrier that follows."""
-    from scalerun.netconf.caches import create_cache_dirs
-    from scalerun.netconf.current import decide_for_current_rank
-    from scalerun.topology import read_node, read_online_cpus
+def prepare_node(ctx: Context, options: DoctorOptions, before_init: dict[str, str]) -> dict[str, Any]:
+    """The node and the rank plan the checks compare with: what ``scalerun.init`` plans
+    (from the environment as it was before init exported its decisions), for the whole
+    node's CPUs, since the fix must name the node's plan whatever this process may use.
+    Local rank 0 makes sure the node's caches exist before the barrier that follows."""
+    import torch
 
-    before_init = {k: v for k, v in os.environ.items() if k not in ctx.exported_env}
-    rank_env = decide_for_current_rank(site_name=options.site, sysfs_root=options.sysfs, environ=before_init)
-    topology = read_node(options.sysfs, read_online_cpus(options.sysfs))
+    from scalerun.netconf.caches import create_cache_dirs
+    from scalerun.plan.rank import PlanOptions
+    from scalerun.this_rank import plan_this_rank, read_topology
+    from scalerun.topology import format_cpulist, read_online_cpus
+
     simulated = os.path.realpath(options.sysfs) != "/"
+    gpus = None if simulated else (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    online = format_cpulist(read_online_cpus(options.sysfs))
+    plan = plan_this_rank(environ=before_init, site=options.site, sysfs=options.sysfs,
+                          allowed_cpus=online, placement=ctx.placement,
+                          options=PlanOptions(visible_gpus=gpus))
+    topology = read_topology(options.sysfs, online)
     if ctx.local_rank == 0:
-        create_cache_dirs(list(rank_env.decision.settings))
-    rank_gpu = locate_gpu(ctx, topology, simulated, os.environ)
-    local = {"topology": topology, "site": rank_env.site, "rank_gpu": rank_gpu, "simulated": simulated}
-    return local, rank_env.decision
+        create_cache_dirs(list(plan.environment))
+    rank_gpu = locate_gpu(ctx, topology, plan, simulated)
+    return {"topology": topology, "plan": plan, "rank_gpu": rank_gpu, "simulated": simulated}
 
 
 def check_collectives(stage: Stage, facts: list[Facts], barrier: Any, barrier_verdict: Any) -> Report:

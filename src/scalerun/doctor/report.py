@@ -25,6 +25,7 @@ from scalerun.doctor.checks import (
 )
 from scalerun.doctor.collectives import BandwidthRow, BarrierResult
 from scalerun.doctor.facts import Facts
+from scalerun.redact import redact_value
 
 MAX_DETAILS = 8
 REPORT_VERSION = 1
@@ -102,7 +103,7 @@ def node_section(label: str, ranks: Sequence[Facts]) -> list[str]:
     lines += ["  " + line for line in table(RANK_HEADERS, [rank_row(f) for f in ranks], right={0, 1, 3})]
     lines.append(f"  environment scalerun decides (rank {first.rank}; [where each value comes from]):"
                  + ("" if first.environment else " nothing"))
-    lines += [f"    {name}={value}  [{source}]" for name, value, source in first.environment]
+    lines += [f"    {name}={redact_value(name, value)}  [{source}]" for name, value, source in first.environment]
     versions = ", ".join(f"{k} {v}" for k, v in first.versions.items() if v)
     lines.append(f"  versions: {versions}")
     return lines
@@ -159,7 +160,9 @@ def _nodes(facts: Sequence[Facts]) -> dict[str, list[Facts]]:
 def fact_json(fact: Facts) -> dict[str, Any]:
     """A rank's facts plus the spellings the table shows."""
     return {**asdict(fact), "cpulist": fact.cpulist, "mask": fact.mask,
-            "hyperthread_cores": list(fact.hyperthread_cores)}
+            "hyperthread_cores": list(fact.hyperthread_cores),
+            "environment": [[name, redact_value(name, value), source]
+                            for name, value, source in fact.environment]}
 
 
 def to_json(report: Report) -> dict[str, Any]:

@@ -16,42 +16,9 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
-
-RUNTIMES = ("singularity", "apptainer")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Container:
-    """An image and how to enter it; ``exec_words`` turns it into a command prefix."""
-
-    image: str
-    """Path of the ``.sif`` image (as the compute nodes see it)."""
-    runtime: str
-    """``singularity`` or ``apptainer`` (the command on the compute nodes)."""
-    binds: tuple[str, ...] = ()
-    """``SRC[:DST[:OPTS]]`` host paths bound into the container, in order."""
-
-    def __post_init__(self) -> None:
-        if self.runtime not in RUNTIMES:
-            raise LaunchError(
-                f"container runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}; "
-                "pass --container-runtime singularity or apptainer"
-            )
-        if not self.image:
-            raise LaunchError("--container needs an image path, e.g. --container pytorch.sif")
-        for bind in self.binds:
-            check_bind(bind)
-
-
-def check_bind(bind: str) -> None:
-    """Refuse what ``-B`` would split or misread: the runtimes split bind lists at commas."""
-    if not bind or "," in bind or bind.count(":") > 2 or bind.startswith(":"):
-        raise LaunchError(
-            f"bind {bind!r} is not SRC[:DST[:OPTS]] without commas; pass one --bind per path"
-        )
+from scalerun.plan.job import RUNTIMES, Container
 
 
 def pick_runtime(
@@ -82,6 +49,6 @@ def pick_runtime(
 def exec_words(container: Container) -> list[str]:
     """``singularity exec -B SRC ... IMAGE``: put the rank's command after these words."""
     words = [container.runtime, "exec"]
-    for bind in container.binds:
-        words += ["-B", bind]
+    for mount in container.mounts:
+        words += ["-B", mount]
     return words + [container.image]

@@ -2,24 +2,28 @@
 
 Process management is torch's own (``torch.distributed.run`` / elastic agent): it
 restarts, stops the other ranks when one fails and tails their output. scalerun adds
-what users of the course otherwise do by hand: flags checked before anything starts,
-rank-prefixed output, a thread count per rank from the CPUs each rank gets, and a final
-line that names the rank that failed and how.
+what users of the course otherwise do by hand: flags checked before anything starts
+(more ranks than GPUs under NCCL included), rank-prefixed output, and a final line that
+names the rank that failed and how. It sets no thread count: torchrun's blanket
+``OMP_NUM_THREADS=1`` is left out, and each rank's plan gives it one per core it owns.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerun.errors import LaunchError
-from scalerun.netconf.apply import DEFAULTED_MARKER
+from scalerun.launch.observe import Observe, prepare_run_dir, start_sampler, stop_sampler
+from scalerun.redact import redact_words, secret_values
 
 RANK_PREFIX = "[rank${rank}]: "
 
@@ -42,6 +46,12 @@ class LocalLaunch:
     prefix_output: bool = True
     verbose: bool = False
     max_restarts: int = 0
+    backend: str | None = None
+    """Process-group backend for scalerun ranks (``SCALERUN_BACKEND``); None: by device."""
+    check_gpus: bool = True
+    """Refuse more ranks than GPUs under NCCL before starting (the doctor checks instead)."""
+    observe: Observe | None = None
+    """Run directory, profiling, TensorBoard and the node sampler; None: none of them."""
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,9 +93,15 @@ def _runnable(command: str) -> bool:
 
 
 def torchrun_argv(request: LocalLaunch) -> list[str]:
-    """The torchrun command line that does the same launch (also shown with --verbose)."""
+    """The torchrun command line that does the same launch (also shown with --verbose).
+
+    With a command-line profiler (``--profiler 'nsys profile'``) every rank starts through
+    ``scalerun exec``, which puts the profiler in front of the chosen ranks only."""
     argv = [f"--nproc-per-node={request.nproc_per_node}", f"--max-restarts={request.max_restarts}"]
-    if request.standalone:
+    if request.standalone or (request.nnodes == 1 and request.master_port is None
+                              and request.master_addr is None):
+        # one node and no port asked for: a free port, so two launches on one machine
+        # never meet on 29500 (torch before 2.12 chose the static rendezvous there)
         argv.append("--standalone")
     else:
         argv += [f"--nnodes={request.nnodes}", f"--node-rank={request.node_rank}"]
@@ -97,6 +113,8 @@ def torchrun_argv(request: LocalLaunch) -> list[str]:
         argv.append("--tee=3")
     if request.ranks_filter:
         argv.append("--local-ranks-filter=" + ",".join(map(str, request.ranks_filter)))
+    if request.observe is not None and request.observe.command_profiler:
+        return [*argv, "--no-python", *exec_wrapped(request)]
     if request.module:
         argv.append("--module")
     if request.no_python:
@@ -104,18 +122,20 @@ def torchrun_argv(request: LocalLaunch) -> list[str]:
     return [*argv, request.script, *request.script_args]
 
 
-def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str, str]:
-    """Variables the ranks inherit: the user's win, scalerun fills in the rest.
+def exec_wrapped(request: LocalLaunch) -> list[str]:
+    """The rank's command behind ``scalerun exec`` (as torchrun would have run it)."""
+    if request.no_python:
+        target = [request.script]
+    else:
+        target = [sys.executable, "-u", *(["-m"] if request.module else []), request.script]
+    return [sys.executable, "-m", "scalerun", "exec", "--", *target, *request.script_args]
 
-    OMP_NUM_THREADS is the CPUs of this node shared among its ranks (torchrun's 1
-    leaves cores idle when ranks have several each); the user's own value wins.
-    """
-    env = dict(request.env)
-    if "OMP_NUM_THREADS" not in environ:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        env["OMP_NUM_THREADS"] = str(max(1, (cpus or 1) // request.nproc_per_node))
-        # each rank refines it from its own CPU set once bound (scalerun.init)
-        env[DEFAULTED_MARKER] = "OMP_NUM_THREADS"
+
+def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str, str]:
+    """Variables the ranks inherit: the user's win, scalerun fills in the rest."""
+    env = {**(request.observe.rank_env() if request.observe else {}), **request.env}
+    if request.backend:
+        env["SCALERUN_BACKEND"] = request.backend
     if request.verbose:
         env.setdefault("SCALERUN_VERBOSE", "1")
     if request.prefix_output:
@@ -125,22 +145,106 @@ def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str,
 
 def run_local(request: LocalLaunch) -> int:
     """Run the ranks to completion; returns 0, or the failed rank's exit code."""
+    if request.check_gpus:
+        check_ranks_fit_gpus(request, os.environ)
+    os.environ.update(rank_environment(request, dict(os.environ)))
+    if request.observe is not None:
+        return _observed(request)
+    code, failure = _run(request)
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+    return code
+
+
+def _observed(request: LocalLaunch) -> int:
+    """The launch with its run directory, node sampler and closing summary."""
+    observe = request.observe
+    assert observe is not None
+    prepare_run_dir(observe, {"launcher": "local", "nproc_per_node": request.nproc_per_node,
+                              "nnodes": request.nnodes, "script": request.script,
+                              "script_args": list(request.script_args)})
+    print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
+    sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
+    code, failure = 1, None
+    try:
+        code, failure = _run(request)
+    finally:
+        stop_sampler(sampler)
+        for line in closing_summary(observe.run_dir):
+            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        if failure:  # last, where a user looks first
+            print(failure, file=sys.stderr, flush=True)
+    return code
+
+
+def closing_summary(run_dir: Path) -> list[str]:
+    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
+    try:
+        from scalerun.report import summary_lines
+    except ImportError:
+        return [f"report: scalerun report {run_dir}"]
+    return [*summary_lines(run_dir), f"report: scalerun report {run_dir}"]
+
+
+def _run(request: LocalLaunch) -> tuple[int, str | None]:
+    """Run torch elastic's agent: (exit code, the failure line or None)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    os.environ.update(rank_environment(request, dict(os.environ)))
     if not request.verbose:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = torchrun.parse_args(torchrun_argv(request))
     if request.verbose:
-        print("scalerun launch: torchrun " + " ".join(torchrun_argv(request)), file=sys.stderr)
+        shown = redact_words(torchrun_argv(request), secret_values(os.environ))
+        print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
     try:
-        torchrun.run(args)
+        run_agent(args)
     except ChildFailedError as error:
-        print(failure_message(error.failures), file=sys.stderr, flush=True)
-        return exit_code_of(error.failures)
-    return 0
+        return exit_code_of(error.failures), failure_message(error.failures)
+    return 0, None
+
+
+def check_ranks_fit_gpus(request: LocalLaunch, environ: Mapping[str, str]) -> None:
+    """More ranks than this node's GPUs cannot form an NCCL group: one line, before any
+    process starts, from the same GPU count and rule the ranks' plans use."""
+    from scalerun.errors import TopologyError
+    from scalerun.plan.gpu import plan_gpu
+    from scalerun.this_rank import read_topology, sysfs_root
+
+    try:
+        gpus = read_topology(sysfs_root(None, environ)).gpus
+    except TopologyError:  # no readable /sys: each rank checks again with torch's count
+        return
+    verdict = plan_gpu(local_rank=0, local_world_size=request.nproc_per_node, gpus=gpus,
+                       environ=environ, backend=request.backend)
+    if verdict.too_many_ranks:
+        raise LaunchError(verdict.error or "more ranks than GPUs")
+
+
+def run_agent(args: argparse.Namespace) -> None:
+    """torchrun's ``run``, without its ``OMP_NUM_THREADS=1`` for every rank: the ranks'
+    plans set one thread per core each rank owns (the user's own value still wins)."""
+    import uuid
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    one_node = args.rdzv_backend == "static" and not args.rdzv_endpoint and (
+        args.master_port is None and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if args.standalone or one_node:  # a free port on this machine, as torchrun's own run()
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    placeholder = "OMP_NUM_THREADS" not in os.environ
+    if placeholder:  # torchrun sets (and logs) its default only where the variable is unset
+        os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        config, cmd, cmd_args = torchrun.config_from_args(args)
+    finally:
+        if placeholder:
+            del os.environ["OMP_NUM_THREADS"]
+    elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
 
 
 def describe_exit(exitcode: int) -> str:

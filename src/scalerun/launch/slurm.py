@@ -2,56 +2,29 @@
 
 Why: users of the course material hand-write ``#SBATCH`` headers, escape
 ``\\$SLURM_PROCID`` inside ``bash -c``, guess ``MASTER_ADDR`` and wrap every line in
-``singularity exec``. Here one dataclass (:class:`SlurmJob`) describes the job and one
-pure, deterministic function (:func:`render_sbatch`) writes the script, so the same job
-always gives the same text and every rule is tested once.
+``singularity exec``. Here the job is data (:class:`~scalerun.plan.job.SlurmJob`, from
+the plan) and one pure, deterministic function (:func:`render_sbatch`) writes the
+script, so the same job always gives the same text and every rule is tested once.
 
-This module decides the order and spelling of ``#SBATCH`` lines, the ``srun`` options of
-each mode, and how every word is quoted (:func:`shell_quote`, the only quoting helper).
-It never runs a process, reads the environment or touches a file. It never puts text in
-an ``#SBATCH`` line that sbatch's own parser would read differently: that parser treats
-``\\`` as an escape even inside quotes and ``#`` as a comment, so values with a ``"``,
-``\\`` or control character are refused, values with spaces or ``#`` are double-quoted.
+This module decides the order of the script's parts, the ``srun`` options of each mode,
+and how every word is quoted (:func:`shell_quote`, the only quoting helper). It never
+runs a process, reads the environment or touches a file; which values an ``#SBATCH``
+line may carry is :mod:`scalerun.plan.job`'s rule.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
-from scalerun.launch.container import Container, exec_words
-from scalerun.sites.profile import MEMORY_RE, TIME_RE
+from scalerun.launch.container import exec_words
+from scalerun.plan.job import SlurmJob, parse_sbatch_arg
+from scalerun.redact import is_secret_name, redact_words
 
-MODES = ("srun", "torchrun")
-ENTRIES = ("file", "module", "executable")
-# What an #SBATCH value may hold unquoted (node lists, %j patterns, constraints a&b|c).
-SBATCH_BARE = re.compile(r"[A-Za-z0-9_.,:/=+%@\-\[\]*&|!^~]+")
-SBATCH_ARG = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.*))?", re.DOTALL)
 TEMPLATE_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-# Options scalerun writes itself; an --sbatch-arg repeating one would contradict srun's.
-OWN_OPTIONS = {
-    "job-name",
-    "partition",
-    "account",
-    "time",
-    "nodes",
-    "ntasks-per-node",
-    "cpus-per-task",
-    "gpus-per-node",
-    "mem",
-    "mem-per-gpu",
-    "output",
-    "error",
-    "exclusive",
-    "ntasks",
-    "gpus",
-    "gres",
-    "gpus-per-task",
-    "nodes-per-task",
-}
 
 
 @dataclass(frozen=True)
@@ -86,6 +59,8 @@ def shell_template(value: str) -> str:
     ``$$`` is a literal ``$``; any other ``$`` (``$(cmd)``, ``$1``) stays literal too, so a
     value can never run a command.
     """
+    if "\0" in value:  # bash would drop it silently: refuse, as shell_quote does
+        raise LaunchError(f"value {value!r} contains a NUL byte, which no variable can hold")
     parts: list[str] = []
     position = 0
     for match in TEMPLATE_REF.finditer(value):
@@ -115,175 +90,6 @@ def expand_template(value: str, environ: Mapping[str, str], *, what: str) -> str
         return environ[name]
 
     return TEMPLATE_REF.sub(substitute, value)
-
-
-def sbatch_value(option: str, value: str) -> str:
-    """One ``#SBATCH`` value as sbatch will read it back, or a LaunchError."""
-    if SBATCH_BARE.fullmatch(value):
-        return value
-    refused = [repr(c) for c in sorted(set(value) & {'"', "\\"})]
-    refused += ["a control character"] if not value.isprintable() else []
-    if refused or not value:
-        raise LaunchError(
-            f"--{option} {value!r}: an #SBATCH line cannot carry {' or '.join(refused) or 'an empty value'} "
-            "(sbatch reads them differently); choose a value without them"
-        )
-    return f'"{value}"'
-
-
-def parse_sbatch_arg(text: str) -> tuple[str, str | None]:
-    """``--name=value`` or ``--name`` from ``--sbatch-arg``, checked for what sbatch needs."""
-    match = SBATCH_ARG.fullmatch(text)
-    if not match:
-        raise LaunchError(
-            f"--sbatch-arg {text!r} is not --option=value; write long options, e.g. --constraint=mi250"
-        )
-    name, value = match.group(1), match.group(2)
-    if name in OWN_OPTIONS:
-        raise LaunchError(
-            f"--sbatch-arg {text!r}: scalerun writes --{name} itself; use its own flag"
-        )
-    if value is not None:
-        sbatch_value(name, value)
-    return name, value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resources:
-    """What the job asks SLURM for: one ``#SBATCH`` line per set field."""
-
-    job_name: str
-    nodes: int
-    ntasks_per_node: int
-    """Tasks SLURM starts on each node: one per GPU (srun mode) or one (torchrun mode)."""
-    gpus_per_node: int = 0
-    cpus_per_task: int | None = None
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    mem: str | None = None
-    """Memory per node; exclusive with ``mem_per_gpu``."""
-    mem_per_gpu: str | None = None
-    output: str | None = None
-    """Where SLURM writes the job's stdout (``%j`` is the job id)."""
-    error: str | None = None
-    """Where stderr goes; None merges it into ``output``."""
-    exclusive: bool = False
-    extra: tuple[str, ...] = ()
-    """More ``#SBATCH`` options, each ``--name=value`` (``--sbatch-arg``)."""
-
-    def __post_init__(self) -> None:
-        for name, value in (("nodes", self.nodes), ("ntasks-per-node", self.ntasks_per_node)):
-            if value < 1:
-                raise LaunchError(f"--{name} {value}: must be at least 1")
-        if self.gpus_per_node < 0 or (self.cpus_per_task is not None and self.cpus_per_task < 1):
-            raise LaunchError("--gpus-per-node must be 0 or more and --cpus-per-task at least 1")
-        if self.time is not None and not TIME_RE.fullmatch(self.time):
-            raise LaunchError(
-                f"--time {self.time!r} is not a SLURM time; write minutes, H:MM:SS or D-HH:MM:SS"
-            )
-        for name, value in (("mem", self.mem), ("mem-per-gpu", self.mem_per_gpu)):
-            if value is not None and not MEMORY_RE.fullmatch(value):
-                raise LaunchError(
-                    f"--{name} {value!r} is not a memory size; write e.g. 60G or 480000M"
-                )
-        if self.mem and self.mem_per_gpu:
-            raise LaunchError(
-                f"--mem {self.mem} and --mem-per-gpu {self.mem_per_gpu} exclude each other; keep one"
-            )
-        if self.mem_per_gpu and not self.gpus_per_node:
-            raise LaunchError(
-                f"--mem-per-gpu {self.mem_per_gpu} needs GPUs; pass --gpus-per-node or --mem"
-            )
-        for text in self.extra:
-            parse_sbatch_arg(text)
-
-    def directives(self) -> list[str]:
-        """The ``#SBATCH`` lines, in a fixed order, values checked for sbatch's parser."""
-        options: list[tuple[str, object]] = [
-            ("job-name", self.job_name),
-            ("partition", self.partition),
-            ("account", self.account),
-            ("time", self.time),
-            ("nodes", self.nodes),
-            ("ntasks-per-node", self.ntasks_per_node),
-            ("cpus-per-task", self.cpus_per_task),
-            ("gpus-per-node", self.gpus_per_node or None),
-            ("mem", self.mem),
-            ("mem-per-gpu", self.mem_per_gpu),
-            ("output", self.output),
-            ("error", self.error),
-        ]
-        lines = [
-            f"#SBATCH --{name}={sbatch_value(name, str(value))}"
-            for name, value in options
-            if value is not None
-        ]
-        return lines + (["#SBATCH --exclusive"] if self.exclusive else [])
-
-    def extra_directives(self) -> list[str]:
-        lines = []
-        for text in self.extra:
-            name, value = parse_sbatch_arg(text)
-            lines.append(
-                f"#SBATCH --{name}" + ("" if value is None else f"={sbatch_value(name, value)}")
-            )
-        return lines
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmJob:
-    """Everything that decides a SLURM launch; :func:`render_sbatch` turns it into text."""
-
-    resources: Resources
-    script: str
-    """The training script (a path, a module name with entry=module, or an executable)."""
-    script_args: tuple[str, ...] = ()
-    """Passed to the script untouched, whatever characters they hold."""
-    entry: str = "file"
-    """file (python SCRIPT), module (python -m SCRIPT) or executable (SCRIPT itself)."""
-    mode: str = "srun"
-    """srun: one task per GPU; torchrun: one task per node running torch.distributed.run."""
-    nproc_per_node: int = 1
-    """Training processes per node: SLURM tasks (srun) or torchrun workers (torchrun)."""
-    python: str = "python"
-    """Interpreter that runs the script (inside the container when there is one)."""
-    host_python: str = "python"
-    """Interpreter with scalerun on the nodes, outside any container: runs ``scalerun exec``."""
-    container: Container | None = None
-    cpu_bind: str | None = None
-    """``srun --cpu-bind`` value as given; None plans masks on the job's first node at run time."""
-    reserved_cores: tuple[int, ...] = ()
-    """Cores the site keeps for the system, never in a plan (LUMI's low-noise cores)."""
-    env: tuple[tuple[str, str], ...] = ()
-    """Exported as given (``--env``), overriding the submitting shell."""
-    site_env: tuple[tuple[str, str], ...] = ()
-    """Exported unless the submitting shell already set them (site profile)."""
-    task_env: tuple[tuple[str, str], ...] = ()
-    """Set in each task unless set; ``${SLURM_NODEID}`` and friends expand per task."""
-    module_use: tuple[str, ...] = ()
-    modules: tuple[str, ...] = ()
-    setup: tuple[str, ...] = ()
-    """Shell commands run before the launch, verbatim (the user's own shell code)."""
-    site: str = "local"
-    command_line: tuple[str, ...] = field(default=())
-    """The scalerun command that made this job, shown in the script's header."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise LaunchError(f"--mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if self.entry not in ENTRIES:
-            raise LaunchError(f"entry {self.entry!r} is not one of {', '.join(ENTRIES)}")
-        if self.mode == "srun" and self.nproc_per_node != self.resources.ntasks_per_node:
-            raise LaunchError(
-                f"srun mode runs one rank per task: {self.nproc_per_node} processes per node "
-                f"but --ntasks-per-node {self.resources.ntasks_per_node}; make them equal"
-            )
-        if self.mode == "torchrun" and self.resources.ntasks_per_node != 1:
-            raise LaunchError(
-                f"--mode torchrun starts one task per node, not {self.resources.ntasks_per_node}; "
-                "drop --ntasks-per-node or use --mode srun"
-            )
 
 
 # --- words -------------------------------------------------------------------------------
@@ -319,8 +125,11 @@ def program_words(job: SlurmJob) -> list[Word]:
 
 
 def exec_wrapper_words(job: SlurmJob) -> list[Word]:
-    """``scalerun exec``: exports RANK/LOCAL_RANK/... and the per-task variables, then execs."""
+    """``scalerun exec``: exports RANK/LOCAL_RANK/... and the per-task variables, then execs.
+    In torchrun mode it also tells each node's agent whether it hosts the c10d store."""
     words: list[Word] = [job.host_python, "-m", "scalerun", "exec"]
+    if job.mode == "torchrun":
+        words.append("--torchrun-agent")
     for name, value in job.task_env:
         words += ["--env", f"{name}={value}"]
     return [*words, "--"]
@@ -383,7 +192,8 @@ def _header(job: SlurmJob) -> str:
     ]
     if job.command_line:
         lines.append(
-            "# from: " + _one_line(" ".join(shell_quote(word) for word in job.command_line))
+            "# from: "
+            + _one_line(" ".join(shell_quote(word) for word in redact_words(job.command_line)))
         )
     lines.append(f"# site: {job.site}")
     lines += ["#", "# --- resources ---", *job.resources.directives()]
@@ -408,14 +218,59 @@ def _environment(job: SlurmJob) -> str:
         lines += [f"module load {shell_quote(module)}" for module in modules]
     if job.site_env:
         lines += ["", f"# --- site {job.site} environment (kept when already set) ---"]
-        lines += [
-            f"[[ -v {name} ]] || export {name}={shell_template(value)}"
-            for name, value in job.site_env
-        ]
+        for name, value in job.site_env:
+            lines += _secret_lines(name) if is_secret_name(name) else [
+                f"[[ -v {name} ]] || export {name}={shell_template(value)}"]
     if job.env:
         lines += ["", "# --- environment (--env) ---"]
-        lines += [f"export {name}={shell_template(value)}" for name, value in job.env]
+        for name, value in job.env:
+            lines += _secret_lines(name) if is_secret_name(name) else [
+                f"export {name}={shell_template(value)}"]
     return "\n".join(lines)
+
+
+def _secret_lines(name: str) -> list[str]:
+    """A secret (:func:`scalerun.redact.is_secret_name`) is never written into the script:
+    it comes from the submitting shell, which sbatch exports into the job by default and
+    to which ``scalerun launch`` adds it (:func:`secret_handoff`); the job stops at once,
+    naming it, when it did not arrive."""
+    return [
+        f"# {name}: a secret, taken from the shell that submits this script; its value is not written here",
+        f': "${{{name}?is not set: export {name} in the shell that runs sbatch}}"',
+        f"export {name}",
+    ]
+
+
+def secret_handoff(job: SlurmJob, environ: Mapping[str, str]) -> dict[str, str]:
+    """The secrets the script takes from its submitter, as ``sbatch`` must receive them.
+
+    ``--env`` values expand here, from the submitting environment (``${VAR}`` as in the
+    script); a site's secret is handed only where that environment lacks it, as the
+    script's ``[[ -v NAME ]]`` rule would have kept the user's own value."""
+    handed: dict[str, str] = {}
+    for name, value in job.site_env:
+        if is_secret_name(name) and name not in environ:
+            handed[name] = expand_template(value, environ, what=f"site variable {name}")
+    for name, value in job.env:
+        if is_secret_name(name):
+            handed[name] = expand_template(value, {**environ, **handed}, what=f"--env {name}")
+    return handed
+
+
+def check_secrets_exported(job: SlurmJob, names: Iterable[str], environ: Mapping[str, str]) -> None:
+    """Refuse, before submitting, an ``--export`` that would keep a handed secret out of the job
+    (the script would stop at its first line instead, after waiting in the queue)."""
+    given = [value for name, value in map(parse_sbatch_arg, job.resources.extra) if name == "export"]
+    value = environ.get("SBATCH_EXPORT") or (given[-1] if given else None)  # sbatch's precedence
+    if not value:
+        return
+    parts = value.split(",")
+    for name in names:
+        if "ALL" not in parts and not any(p == name or p.startswith(f"{name}=") for p in parts):
+            raise LaunchError(
+                f"{name} is handed to the job through sbatch's environment, but --export={value} "
+                f"keeps it out; add {name} (or ALL) to --export"
+            )
 
 
 def _setup(job: SlurmJob) -> str:
@@ -434,21 +289,11 @@ def _launch(job: SlurmJob) -> str:
             "",
         ]
     if job.mode == "srun" and not job.cpu_bind:
-        reserved = (
-            ["--reserved", ",".join(map(str, job.reserved_cores))] if job.reserved_cores else []
-        )
-        planner = [
-            job.host_python,
-            "-m",
-            "scalerun",
-            "exec",
-            "--srun-cpu-bind",
-            str(res.ntasks_per_node),
-            *reserved,
-        ]
+        planner = [job.host_python, "-m", "scalerun", "exec", "--srun-cpu-bind", str(res.ntasks_per_node)]
         lines += [
-            "# --- CPU binding: each rank on the cores nearest its GPU, planned on this node by",
-            "# scalerun.binding; srun repeats the masks on every node (empty: left to SLURM) ---",
+            "# --- CPU binding: each rank on the cores nearest its GPU, from the node plan of",
+            "# this node and site (scalerun topo shows it); srun repeats the masks on every node",
+            "# (empty: left to SLURM) ---",
             f"CPU_BIND=$({' '.join(shell_quote(word) for word in planner)})",
             "",
         ]

@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
+from scalerun import rundir
 from scalerun.errors import LaunchError
 from scalerun.launch import slurm_submit
-from scalerun.launch.container import Container, pick_runtime
-from scalerun.launch.slurm import MODES, Resources, SlurmJob, render_sbatch
-from scalerun.sites import DEFAULT_SITE, SiteProfile, load_site
-from scalerun.sites.profile import ENV_NAME_RE
+from scalerun.launch.container import pick_runtime
+from scalerun.launch.observe import Observe
+from scalerun.launch.slurm import check_secrets_exported, render_sbatch, secret_handoff
+from scalerun.plan.job import MODES, LaunchRequest, SlurmJob, parse_env_pairs, plan_job
+from scalerun.redact import redact_words, secret_values
+from scalerun.sites import add_site_argument, load_site, site_name
 
 # Flags whose presence means "this is a SLURM launch" (dest names).
 SLURM_DESTS = (
@@ -47,10 +50,9 @@ SLURM_DESTS = (
     "load_module",
     "setup",
     "container",
-    "bind",
+    "mount",
     "container_runtime",
     "job_name",
-    "run_dir",
     "dry_run",
     "wait",
     "cpu_bind",
@@ -66,9 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument(
         "--mode", choices=MODES, help="srun: one task per GPU (default); torchrun: one per node"
     )
-    job.add_argument(
-        "--site", help=f"site profile name or .toml path (default $SCALERUN_SITE or {DEFAULT_SITE})"
-    )
+    add_site_argument(job)
     job.add_argument("--partition", help="SLURM partition (default: the site's)")
     job.add_argument("--account", help="billing account")
     job.add_argument("--time", help="wall-time limit, e.g. 1:00:00")
@@ -111,9 +111,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-bind", help="srun --cpu-bind value, e.g. none (default: scalerun's plan)"
     )
     job.add_argument(
-        "--run-dir", type=Path, help="where the job script and log go (default runs/NAME-TIME)"
-    )
-    job.add_argument(
         "--dry-run", action="store_true", default=None, help="print the job script, submit nothing"
     )
     job.add_argument(
@@ -122,6 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="follow the job to its end and return its exit code",
     )
+    add_binding_arguments(parser)
     box = parser.add_argument_group("containers")
     box.add_argument(
         "--container",
@@ -129,16 +127,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run every task in this Singularity/Apptainer image",
     )
     box.add_argument(
-        "--bind",
+        "--mount",
         action="append",
         metavar="SRC[:DST]",
-        help="extra bind into the container (repeatable)",
+        help="extra host path mounted into the container, singularity -B (repeatable)",
     )
     box.add_argument(
         "--container-runtime",
         choices=("singularity", "apptainer"),
         help="default: whichever is on PATH, else the site's",
     )
+
+
+def add_binding_arguments(parser: argparse.ArgumentParser) -> None:
+    """Binding choices for every rank, local or on SLURM (they do not make a launch SLURM's)."""
+    bind = parser.add_argument_group("binding (local and SLURM launches)")
+    bind.add_argument(
+        "--hyperthreads", action="store_true", default=None,
+        help="ranks also get the sibling hardware threads of their cores (on SLURM: "
+        "#SBATCH --hint=multithread, CPUs per task counted in threads)",
+    )
+    bind.add_argument(
+        "--membind", action=argparse.BooleanOptionalAction, default=None,
+        help="each rank's memory prefers its CPUs' NUMA node (default: when those CPUs are on "
+        "one node of several); --no-membind: never",
+    )
+
+
+def binding_env(args: argparse.Namespace) -> dict[str, str]:
+    """``--hyperthreads``/``--membind`` as the variables every rank's plan reads."""
+    from scalerun.plan.rank import binding_variables
+
+    return binding_variables(bool(getattr(args, "hyperthreads", None)),
+                             getattr(args, "membind", None))
 
 
 def add_program_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,15 +185,6 @@ def given(value: object) -> bool:
     return value is not None and value is not False and value != []
 
 
-def _site(args: argparse.Namespace, environ: Mapping[str, str]) -> SiteProfile:
-    return load_site(_site_name(args, environ))
-
-
-def _site_name(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """The site the user named (flag, then $SCALERUN_SITE), else the default profile."""
-    return args.site or environ.get("SCALERUN_SITE") or DEFAULT_SITE
-
-
 def _entry(args: argparse.Namespace) -> str:
     if getattr(args, "module", False):
         return "module"
@@ -185,110 +197,60 @@ def _entry(args: argparse.Namespace) -> str:
     return "file"
 
 
-def _pairs(items: list[str] | None, flag: str) -> tuple[tuple[str, str], ...]:
-    pairs = []
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not ENV_NAME_RE.fullmatch(name):
-            raise LaunchError(f"{flag} {item!r} is not NAME=VALUE with a valid variable name")
-        pairs.append((name, value))
-    return tuple(pairs)
+def _nproc(args: argparse.Namespace) -> int | None:
+    """``--nproc-per-node`` as a count where it is one (launch's default "1" included)."""
+    value = str(getattr(args, "nproc_per_node", "") or "")
+    return int(value) if value.isdigit() else None
 
 
-def _counts(args: argparse.Namespace, site: SiteProfile) -> tuple[int, int, int, int | None]:
-    """(GPUs per node, tasks per node, processes per node, CPUs per task) from flags and site."""
-    gpus = site.node.gpus if args.gpus_per_node is None else args.gpus_per_node
-    if gpus < 0:
-        raise LaunchError(f"--gpus-per-node {gpus} must be 0 (CPU-only) or more")
-    nproc = getattr(args, "nproc_per_node", "1")
-    procs = gpus or (int(nproc) if str(nproc).isdigit() else 1)
-    mode = args.mode or "srun"
-    tasks = _or_default(args.ntasks_per_node, procs if mode == "srun" else 1)
-    per_gpu = site.slurm.cpus_per_gpu
-    cpus = _or_default(
-        args.cpus_per_task, per_gpu * (1 if mode == "srun" else procs) if per_gpu else None
-    )
-    return gpus, tasks, procs, cpus
-
-
-def _or_default(value: int | None, default: int | None) -> int | None:
-    """The flag's value when given, even 0 (which Resources then refuses), else the default."""
-    return default if value is None else value
-
-
-def resources_from_args(args: argparse.Namespace, site: SiteProfile, run_dir: Path) -> Resources:
-    gpus, tasks, _, cpus = _counts(args, site)
-    mem_per_gpu = args.mem_per_gpu or (None if args.mem or not gpus else site.slurm.mem_per_gpu)
-    return Resources(
-        job_name=args.job_name or Path(args.script).stem or "scalerun",
-        nodes=_or_default(args.nodes, 1),
-        ntasks_per_node=tasks,
-        gpus_per_node=gpus,
-        cpus_per_task=cpus,
-        partition=args.partition or site.slurm.partition,
-        account=args.account or site.slurm.account,
-        time=args.time or site.slurm.time,
-        mem=args.mem,
-        mem_per_gpu=mem_per_gpu,
-        output=args.output or str(run_dir / "slurm-%j.out"),
-        error=args.error,
-        exclusive=bool(args.exclusive or site.slurm.exclusive),
-        extra=tuple(site.slurm.sbatch_args) + tuple(args.sbatch_arg or ()),
+def request_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_dir: Path) -> LaunchRequest:
+    """The namespace as a typed request: what the user gave, None where they did not."""
+    if getattr(args, "nnodes", 1) != 1:
+        raise LaunchError("--nnodes is for local multi-node launches; on SLURM pass --nodes")
+    return LaunchRequest(
+        script=args.script, script_args=tuple(args.script_args), entry=_entry(args),
+        run_dir=run_dir, site=site_name(args.site, environ), nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, nproc_per_node=_nproc(args), mode=args.mode,
+        partition=args.partition, account=args.account, time=args.time,
+        ntasks_per_node=args.ntasks_per_node, cpus_per_task=args.cpus_per_task, mem=args.mem,
+        mem_per_gpu=args.mem_per_gpu, output=args.output, error=args.error,
+        exclusive=args.exclusive, job_name=args.job_name,
+        sbatch_args=tuple(args.sbatch_arg or ()), env=parse_env_pairs(args.slurm_env or (), "--env"),
+        modules=tuple(args.load_module or ()), setup=tuple(args.setup or ()),
+        cpu_bind=args.cpu_bind, container=args.container,
+        container_mounts=tuple(args.mount or ()), container_runtime=args.container_runtime,
+        verbose=bool(getattr(args, "verbose", False)),
+        hyperthreads=bool(getattr(args, "hyperthreads", None)),
+        membind=getattr(args, "membind", None),
+        observe_env=tuple(_observe(args, run_dir).rank_env().items()),
+        command_line=tuple(redact_words(["scalerun", *sys.argv[1:]], secret_values(environ)))
+        if sys.argv else (),
     )
 
 
-def _container(args: argparse.Namespace, site: SiteProfile) -> Container | None:
-    if not args.container:
-        return None
-    runtime = pick_runtime(args.container_runtime, site.container.runtime)
-    return Container(
-        image=args.container, runtime=runtime, binds=site.container.binds + tuple(args.bind or ())
-    )
+def _observe(args: argparse.Namespace, run_dir: Path) -> Observe:
+    """The run's observation flags; commands without them (doctor) get the defaults."""
+    return Observe(run_dir=run_dir, profile_ranks=getattr(args, "profile_ranks", None),
+                   profiler=getattr(args, "profiler", "torch"),
+                   tensorboard=getattr(args, "tensorboard", None),
+                   monitor=not getattr(args, "no_monitor", False),
+                   monitor_interval=getattr(args, "monitor_interval", 1.0))
 
 
 def job_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_dir: Path) -> SlurmJob:
-    """Merge flags over the site profile into one job; flags always win."""
-    if getattr(args, "nnodes", 1) != 1:
-        raise LaunchError("--nnodes is for local multi-node launches; on SLURM pass --nodes")
-    site = _site(args, environ)
-    container = _container(args, site)
-    host_python = sys.executable
-    modules = site.modules.load + (site.container.modules.load if container else ())
-    module_use = site.modules.use + (site.container.modules.use if container else ())
-    return SlurmJob(
-        resources=resources_from_args(args, site, run_dir),
-        script=args.script,
-        script_args=tuple(args.script_args),
-        entry=_entry(args),
-        mode=args.mode or "srun",
-        nproc_per_node=_counts(args, site)[2],
-        python=site.container.python if container else host_python,
-        host_python=host_python,
-        container=container,
-        cpu_bind=args.cpu_bind,
-        reserved_cores=site.node.reserved_cores,
-        env=_verbose_env(args) + _pairs(args.slurm_env, "--env"),
-        # ranks decide their environment (scalerun.init, scalerun exec) with the same site
-        site_env=(("SCALERUN_SITE", _site_name(args, environ)), *site.env.items()),
-        task_env=tuple(site.task_env.items()),
-        module_use=module_use,
-        modules=modules + tuple(args.load_module or ()),
-        setup=site.setup + tuple(args.setup or ()),
-        site=site.name,
-        command_line=("scalerun", *sys.argv[1:]) if sys.argv else (),
-    )
-
-
-def _verbose_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """``-v``: every rank prints its placement report line (scalerun.init reads this)."""
-    return (("SCALERUN_VERBOSE", "1"),) if getattr(args, "verbose", False) else ()
+    """The job of a SLURM launch: the request merged over its site profile (flags win)."""
+    request = request_from_args(args, environ, run_dir)
+    site = load_site(request.site)
+    if request.container:
+        runtime = pick_runtime(request.container_runtime, site.container.runtime)
+        request = replace(request, container_runtime=runtime)
+    return plan_job(request, site, host_python=sys.executable)
 
 
 def default_run_dir(args: argparse.Namespace) -> Path:
     if args.run_dir:
         return args.run_dir.resolve()
-    name = args.job_name or Path(args.script).stem or "scalerun"
-    return Path("runs").resolve() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return rundir.default_run_dir(args.job_name or Path(args.script).stem or "scalerun")
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
@@ -300,10 +262,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     if args.dry_run:
         sys.stdout.write(text)
         return 0
+    # secrets are not in the script: they reach the job through sbatch's (or bash's) environment
+    handed = secret_handoff(job, env)
     script = slurm_submit.write_script(text, run_dir)
     if env.get("SLURM_JOB_ID"):
-        return _run_inside(job, script, env)
-    return _submit(job, script, env, wait=bool(args.wait))
+        return _run_inside(job, script, {**env, **handed})
+    check_secrets_exported(job, handed, env)
+    return _submit(job, script, {**env, **handed}, wait=bool(args.wait))
 
 
 def _summary(job: SlurmJob) -> str:

@@ -2,7 +2,8 @@
 
 Inputs are data (the node's topology, the rank's binding, the site profile, the
 library versions, the user's environment); the output is a list of
-:class:`~scalerun.netconf.settings.Setting`. Launchers export it, ``scalerun env``
+:class:`~scalerun.netconf.settings.Setting`. Its one caller is
+:func:`scalerun.plan.rank.plan_rank`: launchers export the plan, ``scalerun env``
 prints it, ``scalerun doctor`` checks against it. Pure: no I/O.
 """
 
@@ -21,10 +22,10 @@ from scalerun.topology.model import Nic
 
 @dataclass(frozen=True, kw_only=True)
 class RankFacts:
-    """What the binding plan and the launch know about one rank."""
+    """What the rank plan (:mod:`scalerun.plan.rank`) decided about one rank."""
 
-    cpus: tuple[int, ...] | None = None
-    """The rank's CPU set (physical cores) from the binding plan; None when unbound."""
+    threads: int | None = None
+    """The rank's compute threads, decided by :mod:`scalerun.plan.rank`; None: leave unset."""
     nic: str | None = None
     """The NIC nearest the rank's GPU, from the topology."""
     gpu_vendor: str | None = None
@@ -62,9 +63,9 @@ def decide_environment(
     gdr = gdr_setting(rank.gpu_vendor, rocm_version)
     if gdr:
         settings.append(gdr)
-    if rank.cpus:
-        settings.append(Setting("OMP_NUM_THREADS", str(len(rank.cpus)), "topology",
-                                f"one thread per core of the rank's CPU set ({len(rank.cpus)})"))
+    if rank.threads:
+        settings.append(Setting("OMP_NUM_THREADS", str(rank.threads), "topology",
+                                f"one thread per core of the rank's CPU share ({rank.threads})"))
     if rank.loader_workers > 0:
         settings.append(Setting("TOKENIZERS_PARALLELISM", "false", "default",
                                 "tokenizer threads inside loader workers oversubscribe the cores"))

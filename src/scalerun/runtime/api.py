@@ -4,6 +4,7 @@ from scalerun.runtime.data import loader
 from scalerun.runtime.init import barrier, context, init, shutdown
 from scalerun.runtime.metrics import reduce
 from scalerun.runtime.output import print
+from scalerun.runtime.steplog import log
 from scalerun.runtime.wrap import wrap
 
-__all__ = ["init", "wrap", "loader", "reduce", "print", "shutdown", "barrier", "context"]
+__all__ = ["init", "wrap", "loader", "reduce", "print", "shutdown", "barrier", "context", "log"]

@@ -9,6 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerun.placement import Placement
+    from scalerun.plan.rank import RankPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +29,8 @@ class Context:
     """CPUs scalerun bound this rank to, or None where it left affinity alone."""
     exported_env: dict[str, str] = field(default_factory=dict)
     """Variables ``init()`` set because the launcher had not (never the user's own)."""
+    plan: RankPlan | None = None
+    """The rank plan every decision above came from (``scalerun env`` shows the same)."""
 
     @property
     def is_main(self) -> bool:

@@ -9,6 +9,7 @@ accuracy is not the single-process accuracy).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -16,9 +17,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from scalerun.errors import ScalerunError
+from scalerun.plan.rank import MAX_DEFAULT_WORKERS
 from scalerun.runtime.init import current
-
-MAX_DEFAULT_WORKERS = 8
+from scalerun.runtime.steplog import current_log
 
 
 class EpochSampler(DistributedSampler):
@@ -61,18 +62,37 @@ class ShardSampler(Sampler[int]):
         return len(range(self.rank, self.total, self.num_replicas))
 
 
-def default_workers(local_world_size: int) -> int:
-    """Loader workers from the CPUs this rank may use, keeping one for the main process.
+class TimedLoader(DataLoader):
+    """A DataLoader that reports to the step log how long the loop waited for each batch.
 
-    A rank bound by scalerun or srun owns its whole affinity set; an unbound rank shares
-    the node's CPUs with its ``local_world_size - 1`` neighbours.
+    Without a step log (no run directory) iteration is exactly DataLoader's own.
     """
+
+    def __iter__(self) -> Iterator:
+        batches = super().__iter__()
+        log = current_log()
+        return batches if log is None else _timed(batches, log)
+
+
+def _timed(batches: Iterator, log: Any) -> Iterator:
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        log.waited_for_data(time.perf_counter() - start)
+        yield batch
+
+
+def default_workers() -> int:
+    """Loader workers of this rank: the rank plan's (its CPU share minus the main
+    process), or, before ``init()``, this process's CPUs minus one."""
     ctx = current()
+    if ctx is not None and ctx.plan is not None:
+        return ctx.plan.loader_workers
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cpus = cpus or 1
-    bound = ctx is not None and ctx.bound_cpus is not None
-    per_rank = cpus if bound else max(1, cpus // max(1, local_world_size))
-    return max(0, min(MAX_DEFAULT_WORKERS, per_rank - 1))
+    return max(0, min(MAX_DEFAULT_WORKERS, (cpus or 1) - 1))
 
 
 def loader(
@@ -99,7 +119,6 @@ def loader(
         raise ScalerunError("scalerun.loader needs a dataset with a length (a map-style Dataset)")
     ctx = current()
     world, rank = (ctx.world_size, ctx.rank) if ctx else (1, 0)
-    local_world = ctx.local_world_size if ctx else 1
     sampler: Sampler[int]
     if train:
         sampler = EpochSampler(
@@ -114,10 +133,10 @@ def loader(
         if shuffle:
             raise ScalerunError("train=False loaders keep order; drop shuffle=True")
         sampler = ShardSampler(dataset, world, rank)
-    workers = default_workers(local_world) if num_workers is None else num_workers
+    workers = default_workers() if num_workers is None else num_workers
     kwargs.setdefault("pin_memory", ctx is not None and ctx.device.type == "cuda")
     kwargs.setdefault("persistent_workers", workers > 0)
-    return DataLoader(
+    return TimedLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,

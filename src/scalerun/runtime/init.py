@@ -8,23 +8,27 @@ user (or Lightning, or Accelerate) created before.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
-import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.plan.gpu import visible_devices
 from scalerun.runtime.context import Context
-from scalerun.runtime.device import choose_device, visible_devices
 from scalerun.topology.cpulist import format_cpulist
 
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.plan.rank import RankPlan
+
 DEFAULT_TIMEOUT_S = 600.0
-BACKENDS = ("nccl", "gloo", "mpi", "xccl", "ucc")
 
 _context: Context | None = None
 
@@ -39,32 +43,41 @@ def init(
     """Join the job: returns this rank's :class:`Context`; a second call returns the same.
 
     backend: "nccl" on CUDA/ROCm GPUs and "gloo" on CPU unless given here or in
-        ``SCALERUN_BACKEND``.
+        ``SCALERUN_BACKEND``. With more ranks per node than GPUs, NCCL is refused in one
+        line (it cannot put two ranks on one GPU) and gloo makes it a CPU-only run.
     timeout: seconds a collective may wait before failing (``SCALERUN_TIMEOUT``,
         default 600), finite so that a lost rank ends the job instead of hanging it.
     bind: bind this rank to the CPU cores nearest its GPU when the launcher did not
         (``SCALERUN_BIND=0`` turns it off).
     verbose: print one report line per rank (``SCALERUN_VERBOSE=1``).
+
+    A job set up wrong (stale RANK exports, more ranks than GPUs under NCCL, a broken site
+    profile) ends the rank with one line on stderr and exit code 1 (``SystemExit``), before
+    any process group exists, so that a launcher reports it instead of a hang or a traceback.
+
+    Every decision (device, CPUs, threads, environment) comes from the rank plan
+    (:mod:`scalerun.plan.rank`), the same one ``scalerun env`` and the doctor show.
     """
     global _context
     if _context is not None:
         return _context
-    where = placement_mod.detect()
-    exported = export_placement(where, os.environ)
-    bound = _bind_cpus(where, os.environ, bind)
-    exported.update(_apply_environment(os.environ))
-    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    choice = choose_device(
-        local_rank=where.local_rank,
-        local_world_size=where.local_world_size,
-        gpu_count=gpu_count,
-        environ=os.environ,
-    )
-    device = torch.device(choice.name)
+    try:
+        where = placement_mod.detect()
+        _die_with_the_agent(where)
+        rank_plan = plan_for_init(where, backend, bind)
+        if rank_plan.gpu.error:
+            raise PlacementError(rank_plan.gpu.error)
+        exported = export_placement(where, os.environ)
+    except ScalerunError as error:  # the job is set up wrong: one line per rank, no traceback
+        raise SystemExit(f"scalerun.init: error: {error}") from None
+    bound = _bind_cpus(rank_plan)
+    exported.update(_apply_environment(rank_plan, os.environ))
+    device = torch.device(rank_plan.gpu.device.name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    chosen_backend = _choose_backend(backend, device)
-    _init_process_group(where, chosen_backend, device, _timeout(timeout))
+    _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout))
+    if rank_plan.gpu.backend == "gloo" and where.world_size > 1:
+        atexit.register(_let_gloo_settle)
     _context = Context(
         rank=where.rank,
         local_rank=where.local_rank,
@@ -72,15 +85,75 @@ def init(
         local_world_size=where.local_world_size,
         node_rank=where.node_rank,
         device=device,
-        backend=chosen_backend,
+        backend=rank_plan.gpu.backend,
         placement=where,
-        device_reason=choice.reason,
+        device_reason=rank_plan.gpu.device.reason,
         bound_cpus=bound,
         exported_env=exported,
+        plan=rank_plan,
     )
     if verbose if verbose is not None else _env_flag("SCALERUN_VERBOSE"):
         print(rank_report(_context), file=sys.stderr, flush=True)
+    from scalerun.launch.observe import register_rank
+
+    register_rank(where.rank, where.local_rank)
     return _context
+
+
+#: Launchers whose ranks are children of a Python agent that may be killed outright.
+AGENT_LAUNCHERS = frozenset({"torchrun", "deepspeed"})
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_agent(where: placement_mod.Placement) -> None:
+    """Ask the kernel to end this rank when its agent (torch elastic) dies.
+
+    Why: an agent killed with SIGKILL (a job's time limit on a login node, ``kill -9``, an
+    OOM kill) cannot stop its ranks, and they train on as orphans, holding GPUs and
+    ports. Linux's parent-death signal ends them with SIGTERM; elsewhere nothing happens.
+    """
+    if where.launcher not in AGENT_LAUNCHERS or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def plan_for_init(
+    where: placement_mod.Placement, backend: str | None, bind: bool | None
+) -> RankPlan:
+    """This rank's plan, with torch's own GPU count (visibility already applied)."""
+    from scalerun.plan.rank import PlanOptions
+    from scalerun.this_rank import plan_this_rank
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    options = PlanOptions(bind=bind, backend=backend, visible_gpus=gpus)
+    return plan_this_rank(placement=where, options=options, tolerate_missing_sysfs=True)
+
+
+GLOO_SETTLE_S = 0.2
+
+
+def _let_gloo_settle() -> None:
+    """Give gloo's worker threads a moment, while Python is still whole, to drop the work
+    objects of the last collectives.
+
+    Why: each finished gloo work is freed on gloo's own thread, and freeing it takes the
+    GIL. If that happens while the interpreter is finalizing, CPython ends the thread
+    with a forced unwind and the rank aborts ("terminate called without an active
+    exception", torch issue 190489), seen here in about a third of two-rank runs that
+    exit right after their last all-reduce. Sleeping releases the GIL; the threads finish
+    in microseconds.
+    """
+    time.sleep(GLOO_SETTLE_S)
 
 
 def context() -> Context:
@@ -98,6 +171,9 @@ def current() -> Context | None:
 def shutdown() -> None:
     """Leave the job: destroy the process group :func:`init` created. Safe to call twice."""
     global _context
+    from scalerun.runtime.steplog import close_log
+
+    close_log()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _context = None
@@ -121,60 +197,39 @@ def export_placement(where: placement_mod.Placement, environ: MutableMapping[str
     return added
 
 
-def _bind_cpus(
-    where: placement_mod.Placement, environ: Mapping[str, str], bind: bool | None
-) -> tuple[int, ...] | None:
-    """Bind to the cores nearest this rank's GPU where the launcher did not bind.
+def _bind_cpus(rank_plan: RankPlan) -> tuple[int, ...] | None:
+    """Apply the planned CPU set and memory node where the plan says so (see
+    ``RankPlan.bind_reason`` and ``membind_reason``); before the process group and the
+    loaders start their threads, which inherit both."""
+    if rank_plan.membind is not None:
+        from scalerun.membind import prefer_node
 
-    srun binds with ``--cpu-bind`` from scalerun's plan, so only torchrun-like launchers
-    (which start all ranks with the node's whole CPU set) are bound here.
-    """
-    wanted = bind if bind is not None else environ.get("SCALERUN_BIND", "1") != "0"
-    if not wanted or where.launcher == "slurm":
+        result = prefer_node(rank_plan.membind)
+        if not result.applied:  # a memory optimisation never stops a run
+            print(f"scalerun.init: {result.message}", file=sys.stderr, flush=True)
+    if not rank_plan.bind:
         return None
-    from scalerun.binding import bind_current_process
+    from scalerun.affinity import apply_affinity
 
-    binding = bind_current_process(where.local_rank, where.local_world_size)
-    return None if binding is None else tuple(binding.cpus)
+    apply_affinity(rank_plan.cpus)
+    return rank_plan.cpus
 
 
-def _apply_environment(environ: MutableMapping[str, str]) -> dict[str, str]:
+def _apply_environment(rank_plan: RankPlan, environ: MutableMapping[str, str]) -> dict[str, str]:
     """Export the decided communication, thread and cache variables (see scalerun env).
 
-    Runs after binding so that the thread count is the rank's own core count, and
-    before the process group so that NCCL/RCCL and gloo see the interface variables.
-    ``SCALERUN_NETCONF=0`` turns it off.
+    Runs after binding and before the process group, so that NCCL/RCCL and gloo see the
+    interface variables. ``SCALERUN_NETCONF=0`` turns it off.
     """
     if environ.get("SCALERUN_NETCONF", "1") == "0":
         return {}
-    from scalerun.errors import TopologyError
-    from scalerun.netconf.apply import apply_decision
-    from scalerun.netconf.current import decide_for_current_rank
+    from scalerun.netconf.apply import apply_settings
 
-    try:
-        rank_env = decide_for_current_rank(environ=environ)
-    except TopologyError as error:  # an unreadable /sys must not stop training
-        print(f"[scalerun] rank environment not decided: {error}", file=sys.stderr)
-        return {}
-    applied = apply_decision(rank_env.decision, environ)
-    if "OMP_NUM_THREADS" in applied:
-        torch.set_num_threads(int(applied["OMP_NUM_THREADS"]))
+    applied = apply_settings(rank_plan.environment, environ)
+    threads = rank_plan.value("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))
     return applied
-
-
-def _choose_backend(requested: str | None, device: torch.device) -> str:
-    backend = requested or os.environ.get("SCALERUN_BACKEND") or (
-        "nccl" if device.type == "cuda" else "gloo"
-    )
-    if backend not in BACKENDS:
-        raise ScalerunError(
-            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; fix SCALERUN_BACKEND"
-        )
-    if backend == "nccl" and device.type != "cuda":
-        raise ScalerunError(
-            "backend nccl needs a GPU but this rank sees none; use gloo or make a GPU visible"
-        )
-    return backend
 
 
 def _timeout(timeout: float | None) -> datetime.timedelta:
@@ -214,11 +269,24 @@ def _init_process_group(
             "MASTER_ADDR=<first node> (scalerun launch does this for you)"
         )
     dist.init_process_group(
-        init_method=f"tcp://{_url_host(where.master_addr)}:{where.master_port}",
+        init_method=rendezvous_url(where, os.environ),
         rank=where.rank,
         world_size=where.world_size,
         **options,
     )
+
+
+def rendezvous_url(where: placement_mod.Placement, environ: MutableMapping[str, str]) -> str:
+    """``env://`` where the environment names the placement's rendezvous (always after
+    :func:`export_placement`), so that under torchrun the ranks reuse the agent's store
+    (``TORCHELASTIC_USE_AGENT_STORE``) instead of rank 0 hosting a second one, whose
+    server thread, torn down at exit while peers are still connected, aborts a rank
+    ("terminate called without an active exception"). ``tcp://`` otherwise."""
+    if (environ.get("MASTER_ADDR") == where.master_addr
+            and environ.get("MASTER_PORT") == str(where.master_port)):
+        return "env://"
+    assert where.master_addr is not None
+    return f"tcp://{_url_host(where.master_addr)}:{where.master_port}"
 
 
 def _url_host(host: str) -> str:
@@ -230,14 +298,19 @@ def _env_flag(name: str) -> bool:
 
 
 def rank_report(ctx: Context) -> str:
-    """One line per rank: what the course has users print by hand to debug placement."""
+    """One line per rank: what the course has users print by hand to debug placement.
+    Known secret values are masked (a host or path can be built from a token)."""
+    from scalerun.redact import redact_text, secret_values
+
     visible = visible_devices(os.environ)
     shown = " ".join(f"{k}={v}" for k, v in visible.items()) or "none set"
     sees = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return (
-        f"[scalerun] host={socket.gethostname()} rank={ctx.rank}/{ctx.world_size} "
+    line = (
+        f"[scalerun] host={placement_mod.node_name()} rank={ctx.rank}/{ctx.world_size} "
         f"local_rank={ctx.local_rank}/{ctx.local_world_size} node={ctx.node_rank} "
         f"launcher={ctx.placement.launcher} visible=({shown}) sees={sees} "
-        f"device={ctx.device} backend={ctx.backend} cpus={format_cpulist(cpus)}"
+        f"device={ctx.device} backend={ctx.backend} cpus={format_cpulist(cpus)} "
+        f"threads={torch.get_num_threads()} nic={ctx.plan.nic if ctx.plan else None}"
     )
+    return redact_text(line, secret_values(os.environ))

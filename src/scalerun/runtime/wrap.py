@@ -19,12 +19,13 @@ cycle); how gradients travel is each strategy's business (``runtime/strategies``
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import nn
 
-from scalerun.runtime import strategies
+from scalerun.runtime import observe, strategies
 from scalerun.runtime.init import context
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
@@ -37,6 +38,19 @@ from scalerun.runtime.strategies.base import (
 from scalerun.runtime.strategies.memory import HeldBytes
 
 STRATEGIES = strategies.NAMES
+
+
+class _LoggedPhase:
+    """Marks one phase of the step in the step log (events on a GPU, no sync)."""
+
+    def __init__(self, log: Any, name: str) -> None:
+        self.log, self.name = log, name
+
+    def __enter__(self) -> None:
+        self.log.begin(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.end(self.name)
 
 
 class Wrapped(nn.Module):
@@ -63,30 +77,68 @@ class Wrapped(nn.Module):
         """Optimizer steps taken (one per accumulation cycle)."""
         self.cycle_position = 0
         """Micro-batches already accumulated in the current cycle."""
+        self.step_log = observe.attach_step_log(strategy)
+        """This rank's step log (None where the launcher gave no run directory)."""
+        self.profiler = observe.start_profiler(strategy.ctx)
+        """torch.profiler for the ranks ``--profile-ranks`` chose, stepped here."""
+        self.max_steps = observe.max_steps()
+        """``SCALERUN_MAX_STEPS``: end the run cleanly after this many optimizer steps."""
 
     # -- what the loop calls -------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.training and torch.is_grad_enabled():
+        training = self.training and torch.is_grad_enabled()
+        if training:
             self.strategy.set_sync(self.ends_cycle)
+            self._log_samples(args)
         args, kwargs = self.strategy.prepare_inputs(args, kwargs)
-        with self.strategy.forward_context():
+        with self._phase("fwd" if training else None), self.strategy.forward_context():
             return self.engine(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's loss: scaled for accumulation and fp16 as needed."""
-        self.strategy.backward(loss)
+        with self._phase("bwd"):
+            self.strategy.backward(loss)
 
     def step(self) -> bool:
         """End one micro-batch; on the last of a cycle: clip, optimizer step, zero grad,
         scheduler step. Returns True when the optimizer stepped."""
-        stepped = self.strategy.step(self.ends_cycle)
+        with self._phase("opt"):
+            stepped = self.strategy.step(self.ends_cycle)
         if stepped:
             self.optimizer_steps += 1
             if self.scheduler is not None:
                 self.scheduler.step()
+            if self.step_log is not None:
+                self.step_log.end_step(self.optimizer_steps)
+            if self.profiler is not None:
+                self.profiler.step()
+            if self.max_steps and self.optimizer_steps >= self.max_steps:
+                self._stop_after_last_step()
         self.micro_steps += 1
         self.cycle_position = 0 if stepped else self.cycle_position + 1
         return stepped
+
+    def _stop_after_last_step(self) -> None:
+        """A bounded run (``scalerun scaling --steps``) ends here, on every rank at the same
+        step: logs are written, the process group is left, and the rank exits 0."""
+        from scalerun.runtime.init import shutdown
+
+        if self.profiler is not None:
+            self.profiler.stop()
+        shutdown()
+        raise SystemExit(0)
+
+    # -- observation (step log, profiler); no effect on training -------------------
+    def _phase(self, name: str | None) -> contextlib.AbstractContextManager:
+        if self.step_log is None or name is None:
+            return contextlib.nullcontext()
+        return _LoggedPhase(self.step_log, name)
+
+    def _log_samples(self, args: tuple) -> None:
+        if self.step_log is not None:
+            first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+            if first is not None:
+                self.step_log.samples(int(first.shape[0]))
 
     def train(self, mode: bool = True) -> Wrapped:
         super().train(mode)

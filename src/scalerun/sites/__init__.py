@@ -7,6 +7,13 @@ The shipped profiles are the ``*.toml`` files next to this module.
 
 from __future__ import annotations
 
+from scalerun.sites.choice import (
+    DEFAULT_SITE,
+    SITE_VARIABLE,
+    add_site_argument,
+    resolve_site,
+    site_name,
+)
 from scalerun.sites.profile import (
     ContainerDefaults,
     ModulesSpec,
@@ -17,10 +24,12 @@ from scalerun.sites.profile import (
 )
 from scalerun.sites.store import Folder, SiteEntry, find_sites, load_site, site_folders
 
-DEFAULT_SITE = "local"
-
 __all__ = [
     "DEFAULT_SITE",
+    "SITE_VARIABLE",
+    "add_site_argument",
+    "resolve_site",
+    "site_name",
     "ContainerDefaults",
     "Folder",
     "ModulesSpec",

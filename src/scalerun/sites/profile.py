@@ -155,8 +155,8 @@ class ContainerDefaults:
 
     runtime: str | None = None
     """singularity or apptainer when both or neither are on PATH at submit time."""
-    binds: tuple[str, ...] = ()
-    """Host paths bound into the container (``-B``), e.g. LUMI's Slingshot libraries."""
+    mounts: tuple[str, ...] = ()
+    """Host paths mounted into the container (``-B``), e.g. LUMI's Slingshot libraries."""
     python: str = "python"
     """The interpreter inside the container."""
     modules: ModulesSpec = field(default_factory=ModulesSpec)
@@ -167,10 +167,10 @@ class ContainerDefaults:
             raise Invalid(
                 "runtime", f"{self.runtime!r} is not one of {', '.join(CONTAINER_RUNTIMES)}"
             )
-        for index, bind in enumerate(self.binds):
-            if not bind or "," in bind:
+        for index, mount in enumerate(self.mounts):
+            if not mount or "," in mount:
                 raise Invalid(
-                    f"binds[{index}]", f"{bind!r}: a bind is SRC[:DST[:OPTS]] without commas"
+                    f"mounts[{index}]", f"{mount!r}: a mount is SRC[:DST[:OPTS]] without commas"
                 )
 
 

@@ -173,6 +173,18 @@ def _device_tree_path(root: Path, link: Path) -> tuple[str, ...]:
     return tuple(Path(os.path.relpath(target, devices)).parts)
 
 
+def _link_bdf(link: Path) -> tuple[str, ...]:
+    """The PCI address a ``device`` link names, where the link does not lead into
+    ``sys/devices`` (a copied or hand-made snapshot whose ``sys/bus/pci/devices/*`` are
+    plain folders): the address is then known, the bridges above it are not."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return ()
+    name = Path(target).name
+    return (name,) if is_bdf(name) else ()
+
+
 def _read_gpus(
     root: Path, numa_nodes: tuple[NumaNode, ...], online: frozenset[int]
 ) -> tuple[Gpu, ...]:
@@ -231,6 +243,8 @@ def _read_nic(root: Path, entry: Path) -> Nic:
     # A virtio or USB NIC's `device` is a child of its PCI function: walk up to the BDF.
     while path and not is_bdf(path[-1]):
         path = path[:-1]
+    if not path:
+        path = _link_bdf(entry / "device")
     pci = path[-1] if path else None
     numa = _read_int(root / PCI_DIR / pci / "numa_node", -1) if pci else -1
     speed = _read_int(entry / "speed", -1)

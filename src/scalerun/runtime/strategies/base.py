@@ -189,6 +189,10 @@ class Strategy:
         """One line saying what the strategy did, for the run's log."""
         return self.name
 
+    def measure_communication(self, log: Any) -> None:
+        """Report each gradient collective's start and end to the step log, where this
+        strategy can see them (DDP's comm hook); others leave ``comm_s`` unknown."""
+
     # -- the loop ----------------------------------------------------------------
     def forward_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()

@@ -1,0 +1,291 @@
+"""Which GPU a rank computes on, which backend joins the ranks, and whether they fit.
+
+Launchers restrict GPUs in three ways that need different answers: a rank that sees
+all of the node's GPUs (course scripts: "sees 8 devices") takes ``local_rank``; a rank
+that sees exactly one (``srun --gpus-per-task=1``) takes that one; a rank that sees
+none runs on the CPU. A rank that sees some but fewer than its local rank needs is a
+mis-configured job.
+
+NCCL (and RCCL) cannot put two ranks of one process group on one GPU: it aborts with
+"Duplicate GPU detected" in every rank. The node's GPUs are counted here, once, and a
+job with more ranks per node than GPUs gets one line with the fixes before any process
+group exists; with the gloo backend such a job is a CPU-only run.
+
+A task confined to some GPUs by a device cgroup (``srun --gpus-per-task``, a partial
+node with ``ConstrainDevices``) sees them renumbered from 0, while ``/sys`` still lists the
+whole node: index 0 of such a task is not the node's GPU 0 (LUMI: a task holding GCDs
+2-5 lists them as GPU[0..3]). SLURM writes both numberings: the task's own in the
+visibility variables, the node's in ``SLURM_STEP_GPUS`` (a step) or ``SLURM_JOB_GPUS``
+(the batch script). :func:`task_gpus` compares them, so the plan names the node's GPU
+the task really has. cgroup v2 shows no device list in any file, hence SLURM's variables.
+
+Pure: the environment and the GPU count come in as arguments; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scalerun.errors import PlacementError, ScalerunError
+from scalerun.topology.model import Gpu
+
+#: Variables that hide GPUs from a process: CUDA's, and ROCm's two layers (ROCR below HIP).
+VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+#: The order ROCm applies its visibility variables in: ROCR first, then HIP (CUDA_ is HIP's alias).
+ROCM_VISIBILITY_ORDER = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+#: The variable that gives one rank one GPU, per vendor (LUMI's select-GPU wrapper uses ROCR).
+RANK_VISIBILITY = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
+BACKENDS = ("nccl", "gloo", "mpi", "xccl", "ucc")
+BACKEND_VARIABLE = "SCALERUN_BACKEND"
+#: SLURM's node-wide numbers of a task's GPUs: a step's task first, then the batch script's.
+SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+#: Where SLURM writes the task's own numbering, per vendor; ``GPU_DEVICE_ORDINAL`` (which
+#: SLURM sets for every vendor and users rarely touch) is asked first.
+SLURM_LOCAL_VARIABLES = {
+    "nvidia": ("GPU_DEVICE_ORDINAL", "CUDA_VISIBLE_DEVICES"),
+    "amd": ("GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+}
+
+
+@dataclass(frozen=True)
+class TaskGpus:
+    """The node's GPUs a task's device cgroup holds, in the order its runtime numbers them."""
+
+    physical: tuple[int, ...] | None
+    """Node GPU indices (PCI order) that the task sees as 0, 1, ...; None: the task sees
+    the node's GPUs under their own numbers (no cgroup renumbering known)."""
+    reason: str
+
+
+NO_TASK_GPUS = TaskGpus(None, "no SLURM GPU list")
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device a rank uses and why."""
+
+    kind: str
+    """"cuda" (also ROCm GPUs, which torch calls cuda) or "cpu"."""
+    index: int | None
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.index is None else f"{self.kind}:{self.index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPlan:
+    """A rank's device, backend and GPU, and the one-line error when the job cannot work."""
+
+    device: DeviceChoice
+    backend: str
+    backend_reason: str
+    physical: int | None
+    """The node's GPU the rank uses, in PCI order; None on the CPU or behind UUID visibility."""
+    visible: int
+    """GPUs the rank sees."""
+    node_gpus: int
+    """GPUs the node's ranks share out: the node's own, or those visible when /sys shows none."""
+    vendor: str | None
+    error: str | None = None
+    """Why this rank cannot start (e.g. more ranks than GPUs under NCCL); None when fine."""
+    too_many_ranks: bool = False
+    """The error is more ranks per node than GPUs (the doctor's gpu-count FAIL)."""
+    task: TaskGpus = NO_TASK_GPUS
+    """The GPUs this task's device cgroup holds, from SLURM's variables."""
+
+    def runtime_index(self, physical: int) -> int | None:
+        """The number of the node's GPU ``physical`` in this task's visibility variables:
+        its place among the GPUs a device cgroup holds, else its own (None: not held)."""
+        if self.task.physical is None:
+            return physical
+        held = self.task.physical
+        return held.index(physical) if physical in held else None
+
+
+def visible_devices(environ: Mapping[str, str]) -> dict[str, str]:
+    """The visibility variables that are set, as the rank report shows them."""
+    return {name: environ[name] for name in VISIBILITY_VARIABLES if name in environ}
+
+
+def visible_physical(
+    environ: Mapping[str, str], total: int, vendor: str | None,
+    held: tuple[int, ...] | None = None,
+) -> list[int] | None:
+    """Physical GPU indices (PCI order) a process sees, from the visibility variables.
+
+    ROCm applies ROCR_VISIBLE_DEVICES, then HIP_VISIBLE_DEVICES (and its alias
+    CUDA_VISIBLE_DEVICES) to what is left; CUDA reads only CUDA_VISIBLE_DEVICES. None when
+    a value is not a list of indices (UUIDs), since only the runtime can map those.
+    ``held``: the GPUs a device cgroup leaves the task (:func:`task_gpus`), which the
+    variables then index; None: all ``total`` GPUs of the node.
+    """
+    names = ("CUDA_VISIBLE_DEVICES",) if vendor == "nvidia" else ROCM_VISIBILITY_ORDER
+    indices = list(held) if held is not None else list(range(total))
+    for name in names:
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            picks = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            return None
+        indices = [indices[pick] for pick in picks if 0 <= pick < len(indices)]
+    return indices
+
+
+def task_gpus(environ: Mapping[str, str], gpus: Sequence[Gpu]) -> TaskGpus:
+    """Which of the node's GPUs a task holds when a device cgroup renumbered them.
+
+    SLURM writes the node's numbers (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``) and the
+    task's own (the visibility variables): the same list when devices are not
+    constrained (also ``--gres-flags=allow-task-sharing``), ``0..n-1`` for other node
+    GPUs when a cgroup renumbered them. Anything else (a visibility list the user chose)
+    is left to :func:`visible_physical` as it is.
+    """
+    found = _slurm_gpu_list(environ)
+    if found is None:
+        return NO_TASK_GPUS
+    name, ids = found
+    shown = f"{name}={_listed(ids)}"
+    local = _slurm_local_list(environ, gpus[0].vendor if gpus else None)
+    if local is None:
+        return TaskGpus(None, f"{shown}, no index list to compare with: numbering not known")
+    variable, picks = local
+    if picks == ids or picks != list(range(len(ids))):
+        return TaskGpus(None, f"{shown}, {variable}={_listed(picks)}: the node's own numbers")
+    if max(ids) >= len(gpus):
+        return TaskGpus(None, f"{shown} names GPUs beyond the {len(gpus)} this node's /sys shows")
+    return TaskGpus(tuple(ids), (
+        f"{shown}, {variable}={_listed(picks)}: the task's device cgroup holds node GPUs "
+        f"{_listed(ids)}, numbered 0-{len(ids) - 1}"))
+
+
+def _slurm_gpu_list(environ: Mapping[str, str]) -> tuple[str, list[int]] | None:
+    for name in SLURM_GPU_VARIABLES:
+        ids = _indices(environ.get(name))
+        if ids:
+            return name, ids
+    return None
+
+
+def _slurm_local_list(environ: Mapping[str, str], vendor: str | None) -> tuple[str, list[int]] | None:
+    names = SLURM_LOCAL_VARIABLES.get(vendor or "", SLURM_LOCAL_VARIABLES["amd"])
+    for name in names:
+        if name in environ:
+            picks = _indices(environ[name])
+            return None if picks is None else (name, picks)
+    return None
+
+
+def _indices(value: str | None) -> list[int] | None:
+    """A comma-separated index list; None for anything else (UUIDs, "NoDevFiles", unset)."""
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        return None
+
+
+def _listed(indices: Sequence[int]) -> str:
+    return ",".join(str(index) for index in indices)
+
+
+def choose_device(
+    *, local_rank: int, local_world_size: int, gpu_count: int, environ: Mapping[str, str]
+) -> DeviceChoice:
+    """Pick the GPU of this rank from how many it sees (``gpu_count``) and its local rank."""
+    shown = shown_visibility(environ)
+    if gpu_count == 0:
+        return DeviceChoice("cpu", None, f"no GPU visible ({shown})")
+    if gpu_count == 1:
+        return DeviceChoice("cuda", 0, f"the one GPU this rank sees ({shown})")
+    if local_rank < gpu_count:
+        return DeviceChoice(
+            "cuda", local_rank, f"local rank {local_rank} of {gpu_count} visible GPUs ({shown})"
+        )
+    raise PlacementError(
+        f"local rank {local_rank} needs GPU {local_rank} but this rank sees only {gpu_count} "
+        f"({shown}) with {local_world_size} ranks on the node; give each rank one GPU "
+        "(srun --gpus-per-task=1) or let every rank see all GPUs of the node"
+    )
+
+
+def shown_visibility(environ: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in visible_devices(environ).items()) or "no visibility"
+
+
+def requested_backend(backend: str | None, environ: Mapping[str, str]) -> str | None:
+    """The backend the user asked for (argument, else ``SCALERUN_BACKEND``), checked."""
+    chosen = backend or environ.get(BACKEND_VARIABLE, "").strip() or None
+    if chosen is not None and chosen not in BACKENDS:
+        raise ScalerunError(
+            f"backend {chosen!r} is not one of {', '.join(BACKENDS)}; fix {BACKEND_VARIABLE} "
+            "or --backend"
+        )
+    return chosen
+
+
+def too_many_ranks(ranks: int, gpus: int, environ: Mapping[str, str]) -> str:
+    """The one line for a job with more ranks per node than GPUs under NCCL."""
+    return (
+        f"{ranks} ranks per node but {gpus} GPU(s) on this node ({shown_visibility(environ)}): "
+        f"NCCL cannot put two ranks on one GPU; run {gpus} rank(s) per node "
+        "(--nproc-per-node gpu), or use the gloo backend for a CPU-only run "
+        f"(--backend gloo, {BACKEND_VARIABLE}=gloo)"
+    )
+
+
+def plan_gpu(
+    *,
+    local_rank: int,
+    local_world_size: int,
+    gpus: Sequence[Gpu],
+    environ: Mapping[str, str],
+    visible_count: int | None = None,
+    backend: str | None = None,
+) -> GpuPlan:
+    """This rank's device and backend, from the node's GPUs and the visibility variables.
+
+    ``visible_count`` is torch's own count inside a rank; elsewhere (``scalerun env``,
+    a login node) it is derived from the node's GPUs and the visibility variables.
+    """
+    vendor = gpus[0].vendor if gpus else None
+    task = task_gpus(environ, gpus)
+    physical = visible_physical(environ, len(gpus), vendor, task.physical)
+    visible = visible_count if visible_count is not None else (
+        len(physical) if physical is not None else len(gpus))
+    node_gpus = len(gpus) or visible
+    asked = requested_backend(backend, environ)
+    common = {"visible": visible, "node_gpus": node_gpus, "vendor": vendor, "task": task}
+    if visible == 0:
+        return _cpu_plan(asked, f"no GPU visible ({shown_visibility(environ)})", common)
+    if local_world_size > node_gpus and asked not in (None, "nccl"):
+        why = f"{local_world_size} ranks on {node_gpus} GPU(s) with {asked}: a CPU-only run"
+        return _cpu_plan(asked, why, common)
+    too_many = local_world_size > node_gpus
+    try:
+        choice = choose_device(local_rank=local_rank, local_world_size=local_world_size,
+                               gpu_count=visible, environ=environ)
+    except PlacementError as error:
+        message = too_many_ranks(local_world_size, node_gpus, environ) if too_many else str(error)
+        return GpuPlan(device=DeviceChoice("cpu", None, message), backend=asked or "nccl",
+                       backend_reason="", physical=None, error=message, too_many_ranks=too_many,
+                       **common)
+    error = too_many_ranks(local_world_size, node_gpus, environ) if too_many else None
+    index = physical[choice.index] if physical and choice.index < len(physical) else None
+    return GpuPlan(device=choice, backend=asked or "nccl",
+                   backend_reason="asked for" if asked else "default on a GPU",
+                   physical=index, error=error, too_many_ranks=too_many, **common)
+
+
+def _cpu_plan(asked: str | None, why: str, common: dict) -> GpuPlan:
+    error = None
+    if asked == "nccl":
+        error = "backend nccl needs a GPU but this rank sees none; use gloo or make a GPU visible"
+    return GpuPlan(device=DeviceChoice("cpu", None, why), backend=asked or "gloo",
+                   backend_reason="asked for" if asked else "default on the CPU",
+                   physical=None, error=error, **common)

@@ -1,0 +1,90 @@
+"""Which ranks ``--profile-ranks`` chooses, and how a command-line profiler wraps them.
+
+Why: the course profiles one rank by editing the job script (``if [ $SLURM_PROCID -eq 2 ];
+then rocprof ... -o myprofile-$SLURM_PROCID.csv``). Here the launcher takes the choice as
+data (``SCALERUN_PROFILE_RANKS``, ``SCALERUN_PROFILER``), and every rank asks this module
+whether it is one of the chosen. ``torch`` (the default) is handled inside the rank by
+torch.profiler; any other profiler is a command prefix that ``scalerun exec`` puts in
+front of the chosen ranks' commands only, with output names that contain the rank, so no
+two ranks write the same file. Pure, apart from nothing: no I/O here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from scalerun.errors import ScalerunError
+
+RANKS_VARIABLE = "SCALERUN_PROFILE_RANKS"
+PROFILER_VARIABLE = "SCALERUN_PROFILER"
+SCHEDULE_VARIABLE = "SCALERUN_PROFILE_SCHEDULE"
+FIRST_PER_NODE = "first-per-node"
+DEFAULT_SCHEDULE = (2, 1, 3)
+"""torch.profiler's wait, warm-up and active steps: skip start-up, trace a few steps."""
+
+
+def parse_ranks(spec: str) -> tuple[int, ...] | str:
+    """``0,5`` -> (0, 5); ``first-per-node`` stays a word. Bad text: one line with the fix."""
+    text = spec.strip()
+    if text == FIRST_PER_NODE:
+        return text
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        ranks = ()
+    if not ranks or min(ranks) < 0:
+        raise ScalerunError(
+            f"--profile-ranks {spec!r} is not a list of ranks such as 0,5 or {FIRST_PER_NODE}"
+        )
+    return ranks
+
+
+def is_chosen(spec: str | None, rank: int, local_rank: int) -> bool:
+    """Whether this rank is one ``--profile-ranks`` chose (none when unset)."""
+    if not spec:
+        return False
+    chosen = parse_ranks(spec)
+    return local_rank == 0 if chosen == FIRST_PER_NODE else rank in chosen
+
+
+def profiler_of(environ: Mapping[str, str]) -> str:
+    return environ.get(PROFILER_VARIABLE, "").strip() or "torch"
+
+
+def schedule(environ: Mapping[str, str]) -> tuple[int, int, int]:
+    """(wait, warm-up, active) steps from ``SCALERUN_PROFILE_SCHEDULE=2,1,3``."""
+    text = environ.get(SCHEDULE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_SCHEDULE
+    try:
+        wait, warmup, active = (int(part) for part in text.split(","))
+    except ValueError:
+        raise ScalerunError(f"{SCHEDULE_VARIABLE}={text!r} is not WAIT,WARMUP,ACTIVE, e.g. 2,1,3") from None
+    if min(wait, warmup) < 0 or active < 1:
+        raise ScalerunError(f"{SCHEDULE_VARIABLE}={text}: WAIT and WARMUP >= 0, ACTIVE >= 1")
+    return wait, warmup, active
+
+
+def prefix_words(profiler: str, out_dir: Path, rank: int) -> list[str]:
+    """The command prefix for a chosen rank, its output named after the rank.
+
+    ``nsys`` and ``rocprof``-style commands get their output option; any other command
+    may use ``{rank}`` and ``{out}`` (the rank's profile folder), filled in here.
+    """
+    words = [word.replace("{rank}", str(rank)).replace("{out}", str(out_dir))
+             for word in shlex.split(profiler)]
+    if not words:
+        raise ScalerunError("--profiler is empty; give torch or a command such as 'nsys profile'")
+    tool = Path(words[0]).name
+    named = any("{out}" in word or "{rank}" in word for word in shlex.split(profiler))
+    if named or any(word in ("-o", "--output", "--output-file", "-d") for word in words):
+        return words
+    if tool == "nsys":
+        return [*words, "-o", str(out_dir / f"nsys-rank{rank}")]
+    if tool.startswith("rocprof"):
+        flag = "-d" if tool in ("rocprofv2", "rocprofv3") else "-o"
+        target = out_dir if flag == "-d" else out_dir / f"rocprof-rank{rank}.csv"
+        return [*words, flag, str(target)]
+    return words

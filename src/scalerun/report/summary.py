@@ -1,0 +1,90 @@
+"""The three lines the launcher prints when a run ends, and the words they share with
+the report: throughput and step split; GPUs; the worst verdict.
+
+Why it must never raise: it runs after the user's job, whatever state the job left
+(killed halfway, no step log because the script crashed at import, an unwritable file
+system). A summary that fails would hide the job's own exit status, so every failure
+becomes a line that says what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scalerun.errors import ScalerunError
+from scalerun.report.build import build_report
+from scalerun.report.load import load_run
+from scalerun.report.model import Report
+from scalerun.report.steps import WARMUP_STEPS, RunSteps
+from scalerun.report.verdicts import gib, pct, seconds
+from scalerun.rundir import MONITOR, STEPS
+
+
+def summary_lines(run_dir: Path | str, warmup_steps: int = WARMUP_STEPS) -> list[str]:
+    """Exactly three short lines about the run in ``run_dir``; never raises."""
+    try:
+        return report_summary(build_report(load_run(Path(run_dir)), warmup_steps))
+    except ScalerunError as error:
+        return [f"throughput: nothing recorded ({error})", "GPUs: nothing recorded",
+                "verdict: nothing to judge"]
+    except Exception as error:  # noqa: BLE001 - the job's own outcome must not be hidden
+        return [f"throughput: the report failed ({type(error).__name__}: {error})",
+                "GPUs: unknown", f"verdict: unknown; try `scalerun report {run_dir}`"]
+
+
+def report_summary(report: Report) -> list[str]:
+    """The three lines of a built report."""
+    return [steps_line(report), gpus_line(report), verdict_line(report)]
+
+
+def steps_line(report: Report) -> str:
+    steps = report.steps
+    if steps is None:
+        return f"throughput: no step recorded in {report.run_dir / STEPS}"
+    rate = f"{number(steps.samples_per_s)} samples/s" if steps.samples_per_s else "samples not counted"
+    return f"throughput: {rate} on {steps.world_size} rank(s); {split(steps)}"
+
+
+def split(steps: RunSteps) -> str:
+    """``step 215 ms: data 4 %, compute 70 %, comm 21 %, other 5 %``."""
+    comm = pct(steps.share(steps.comm_s) or 0.0) if steps.comm_s is not None else "not measured"
+    return (f"step {seconds(steps.step_s)}: data {pct(steps.share(steps.data_s) or 0.0)}, "
+            f"compute {pct(steps.share(steps.compute_s) or 0.0)}, comm {comm}, "
+            f"other {pct(steps.share(steps.other_s) or 0.0)}")
+
+
+def gpus_line(report: Report) -> str:
+    gpus = report.gpus
+    if gpus is None and not report.nodes:
+        return f"GPUs: no monitor file in {report.run_dir / MONITOR}"
+    if gpus is None:
+        cpus = [n.cpu_mean_pct for n in report.nodes if n.cpu_mean_pct is not None]
+        busy = f"; node CPUs {pct(sum(cpus) / len(cpus) / 100)} busy" if cpus else ""
+        return f"GPUs: no GPU on {len(report.nodes)} node(s){busy}"
+    parts = [f"{gpus.gpus} on {gpus.nodes} node(s)"]
+    if gpus.util_mean_pct is not None and gpus.util_median_pct is not None:
+        parts.append(f"busy {pct(gpus.util_mean_pct / 100)} (median {pct(gpus.util_median_pct / 100)})")
+    if gpus.idle_fraction is not None:
+        parts.append(f"idle {pct(gpus.idle_fraction)}")
+    if gpus.mem_peak_mb is not None:
+        parts.append(f"peak memory {gib(gpus.mem_peak_mb)}")
+    parts.append(f"energy {energy(gpus.energy_wh)}" if gpus.energy_wh is not None else "no power reading")
+    return "GPUs: " + ", ".join(parts)
+
+
+def number(value: float) -> str:
+    """1765.5 -> ``1766``, 40960.2 -> ``40960``, 3.14159 -> ``3.14``: no exponents."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def energy(wh: float) -> str:
+    return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
+
+
+def verdict_line(report: Report) -> str:
+    if not report.verdicts:
+        judged = report.steps is not None or report.nodes
+        return "verdict: no problem found" if judged else "verdict: nothing to judge"
+    more = len(report.verdicts) - 1
+    tail = f" (+{more} more: scalerun report {report.run_dir})" if more else ""
+    return f"verdict: {report.verdicts[0].message}{tail}"

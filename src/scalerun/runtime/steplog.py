@@ -1,0 +1,308 @@
+"""The step log: one line per optimizer step of this rank, written without user code.
+
+Why: "is my job fast, and if not, where does the time go?" needs the same few numbers
+from every rank of every run: when each step ended, how long the rank waited for data,
+how long forward, backward and the optimizer took, how long gradients were in flight,
+how many samples it processed, and the user's own scalars (``scalerun.log(loss=...)``).
+``scalerun report``, ``scalerun monitor`` and ``scalerun scaling`` read them back
+(format: :mod:`scalerun.rundir`).
+
+What it must never do: slow the step it measures. On a GPU nothing here synchronises:
+phases are marked with CUDA events, and a step's record is written once its last event
+has completed (usually a step or two later); tensors passed to :func:`StepLog.scalars`
+are converted to numbers only when records are flushed, a few times a minute. Lines are
+appended whole, so a killed run leaves a readable log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import numbers
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalerun.rundir import append_jsonl
+
+FLUSH_EVERY_S = 5.0
+PHASES = ("fwd", "bwd", "opt")
+
+
+class CpuMarks:
+    """Phase boundaries as wall-clock times: what CPU ranks (gloo) use."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def ready(self, mark: Any) -> bool:
+        return True
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return max(0.0, end - start)
+
+    def finish(self) -> None:
+        """Nothing is in flight on a CPU."""
+
+
+class CudaMarks:
+    """Phase boundaries as CUDA events on the current stream: no synchronisation."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+
+    def mark(self) -> Any:
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return max(0.0, start.elapsed_time(end) / 1000.0)
+
+    def finish(self) -> None:
+        self.torch.cuda.synchronize()
+
+
+@dataclass
+class PendingStep:
+    """One step's marks, waiting until the device has run them."""
+
+    step: int
+    wall_end: float
+    data_s: float
+    samples: int | None
+    scalars: dict[str, Any]
+    spans: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
+    comm: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def last_mark(self) -> Any:
+        ends = [end for spans in self.spans.values() for _, end in spans] + [e for _, e in self.comm]
+        return ends[-1] if ends else None
+
+
+class StepLog:
+    """This rank's step log; every method is cheap enough to call every step."""
+
+    def __init__(self, path: Path, meta: Mapping[str, Any], *, marks: CpuMarks | CudaMarks,
+                 flush_every_s: float = FLUSH_EVERY_S, clock: Callable[[], float] = time.time,
+                 sink: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        self.path = path
+        self.meta = dict(meta)
+        self.marks = marks
+        self.clock = clock
+        self.flush_every_s = flush_every_s
+        self.sink = sink
+        """Also receives every written record (TensorBoard)."""
+        self._meta_written = False
+        self._pending: list[PendingStep] = []
+        self._closing: PendingStep | None = None
+        """The step that just ended: scalars logged right after ``step()`` still join it."""
+        self._ready: list[dict[str, Any]] = []
+        self._open: dict[str, Any] = {}
+        self._current = self._fresh()
+        self._last_flush = clock()
+
+    def _fresh(self) -> dict[str, Any]:
+        return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}}
+
+    # -- what the runtime calls ----------------------------------------------------
+    def update_meta(self, **values: Any) -> None:
+        """Facts known later than the log (the model's size, the strategy)."""
+        self.meta.update(values)
+
+    def waited_for_data(self, seconds: float) -> None:
+        self._settle()
+        self._current["data_s"] += seconds
+
+    def begin(self, phase: str) -> None:
+        self._settle()
+        self._open[phase] = self.marks.mark()
+
+    def end(self, phase: str) -> None:
+        start = self._open.pop(phase, None)
+        if start is not None:
+            self._current["spans"].setdefault(phase, []).append((start, self.marks.mark()))
+
+    def communication(self, start: Any, end: Any) -> None:
+        """One collective in flight from ``start`` to ``end`` (marks of :attr:`marks`)."""
+        self._current["comm"].append((start, end))
+
+    def samples(self, count: int) -> None:
+        self._current["samples"] += count
+
+    def scalars(self, **values: Any) -> None:
+        """The user's numbers: they belong to the step that just ended when logged between
+        ``step()`` and the next batch (the usual place), else to the step under way.
+        Tensors stay tensors until the flush."""
+        target = self._closing.scalars if self._closing is not None else self._current["scalars"]
+        target.update(values)
+
+    def end_step(self, step: int) -> None:
+        """Close the step that just ended with optimizer step number ``step``."""
+        self._settle()
+        current, self._current = self._current, self._fresh()
+        self._closing = PendingStep(
+            step=step, wall_end=self.clock(), data_s=current["data_s"],
+            samples=current["samples"] or None, scalars=current["scalars"],
+            spans=current["spans"], comm=current["comm"])
+        if self.clock() - self._last_flush >= self.flush_every_s:
+            self.flush()
+
+    def _settle(self) -> None:
+        """The next step has begun: the last one takes no more scalars."""
+        if self._closing is not None:
+            self._pending.append(self._closing)
+            self._closing = None
+            self._resolve()
+
+    # -- writing -------------------------------------------------------------------
+    def _resolve(self, everything: bool = False) -> None:
+        while self._pending:
+            last = self._pending[0].last_mark()
+            if not everything and last is not None and not self.marks.ready(last):
+                return
+            self._ready.append(self._record(self._pending.pop(0)))
+
+    def _record(self, pending: PendingStep) -> dict[str, Any]:
+        seconds = self.marks.seconds
+        record: dict[str, Any] = {"kind": "step", "step": pending.step, "t": round(pending.wall_end, 6)}
+        for phase in PHASES:
+            spans = pending.spans.get(phase, [])
+            record[f"{phase}_s"] = round(sum(seconds(a, b) for a, b in spans), 6) if spans else None
+        record["data_s"] = round(pending.data_s, 6)
+        record["comm_s"] = round(comm_seconds(pending.comm, seconds), 6) if pending.comm else None
+        record["samples"] = pending.samples
+        record["scalars"] = {name: as_number(value) for name, value in pending.scalars.items()}
+        return record
+
+    def flush(self, *, everything: bool = False) -> None:
+        """Write every resolved record (all of them with ``everything``, at the end)."""
+        if everything:
+            self._settle()
+            self.marks.finish()
+            self._resolve(everything=True)
+        records = self._ready
+        self._ready = []
+        if records:
+            self._compute_dt(records)
+        lines = ([] if self._meta_written else [{"kind": "meta", **self.meta}]) + records
+        if lines:
+            append_jsonl(self.path, lines)
+            self._meta_written = True
+        if self.sink is not None and records:
+            self.sink(records)
+        self._last_flush = self.clock()
+
+    def _compute_dt(self, records: list[dict[str, Any]]) -> None:
+        """Seconds since the previous step ended (the first step: since the log began)."""
+        previous = getattr(self, "_previous_t", self.meta.get("start"))
+        for record in records:
+            record["dt"] = round(record["t"] - previous, 6) if previous is not None else None
+            previous = record["t"]
+        self._previous_t = previous
+
+    def close(self) -> None:
+        self.flush(everything=True)
+
+
+def comm_seconds(comm: list[tuple[Any, Any]], seconds: Callable[[Any, Any], float]) -> float:
+    """Time with at least one collective in flight, from marks relative to the first start
+    (collectives are launched in order, so the first one listed started first)."""
+    first = comm[0][0]
+    return busy_time([(seconds(first, a), seconds(first, b)) for a, b in comm])
+
+
+def busy_time(spans: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one span was open (overlapping buckets count once)."""
+    total, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def as_number(value: Any) -> Any:
+    """A logged value as JSON: tensors and numpy scalars become Python numbers."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (RuntimeError, ValueError):  # a tensor of several values
+            return value.detach().float().mean().item()
+    if isinstance(value, bool | str) or value is None or isinstance(value, numbers.Number):
+        return value
+    return str(value)
+
+
+# ---------------------------------------------------------------------------
+# The log of this process
+# ---------------------------------------------------------------------------
+
+_log: StepLog | None = None
+_tried = False
+
+
+def current_log() -> StepLog | None:
+    """This rank's step log, opened on first use where the launcher gave a run directory."""
+    global _log, _tried
+    if _log is not None or _tried:
+        return _log
+    _tried = True
+    _log = _open_log()
+    if _log is not None:
+        atexit.register(_log.close)
+    return _log
+
+
+def _open_log() -> StepLog | None:
+    from scalerun.placement import node_name
+    from scalerun.rundir import run_dir_from, step_log_path
+    from scalerun.runtime.init import current
+
+    run_dir, ctx = run_dir_from(), current()
+    if run_dir is None or ctx is None:
+        return None
+    import socket
+
+    gpu = ctx.plan.gpu if ctx.plan is not None else None
+    meta = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+            "node": node_name(), "host": socket.gethostname(), "device": str(ctx.device),
+            "gpu_index": gpu.physical if gpu is not None and ctx.device.type == "cuda" else None,
+            "gpu_pci": ctx.plan.binding.gpu_pci if ctx.plan and ctx.device.type == "cuda" else None,
+            "backend": ctx.backend, "start": round(time.time(), 6), "version": 1}
+    marks = CudaMarks() if ctx.device.type == "cuda" else CpuMarks()
+    from scalerun.runtime.tensorboard import sink_for_rank
+
+    return StepLog(step_log_path(run_dir, ctx.rank), meta, marks=marks,
+                   sink=sink_for_rank(run_dir, ctx.rank))
+
+
+def log(**scalars: Any) -> None:
+    """``scalerun.log(loss=loss, lr=lr)``: record numbers with this rank's current step.
+
+    Tensors are kept as they are and turned into numbers only when the log is written, a
+    few times a minute, so calling this every step costs no GPU synchronisation. Without
+    a run directory (plain ``python``, torchrun) it does nothing.
+    """
+    step_log = current_log()
+    if step_log is not None:
+        step_log.scalars(**{name: value.detach() if hasattr(value, "detach") else value
+                            for name, value in scalars.items()})
+
+
+def close_log() -> None:
+    """Flush and forget this process's log (``scalerun.shutdown`` calls it)."""
+    global _log, _tried
+    if _log is not None:
+        _log.close()
+        atexit.unregister(_log.close)
+    _log, _tried = None, False

@@ -1,0 +1,50 @@
+"""``--tensorboard``: the step log's numbers as TensorBoard event files as well.
+
+Why: many users already look at TensorBoard. Rather than a second logging call in their
+loop, the step log hands every record it writes to a ``SummaryWriter`` under
+``RUN_DIR/tensorboard/`` (rank 0's, or every rank's with ``--tensorboard all``).
+The ``tensorboard`` package is an optional extra, imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scalerun.errors import ScalerunError
+from scalerun.rundir import TENSORBOARD
+
+TENSORBOARD_VARIABLE = "SCALERUN_TENSORBOARD"
+"""``rank0`` or ``all``, set by the launcher's ``--tensorboard``; unset: no event files."""
+TIMINGS = ("dt", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s")
+
+
+def sink_for_rank(run_dir: Path, rank: int) -> Callable[[list[dict[str, Any]]], None] | None:
+    """A function that writes records as events, for the ranks ``--tensorboard`` chose."""
+    which = os.environ.get(TENSORBOARD_VARIABLE, "").strip()
+    if not which or (which != "all" and rank != 0):
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ScalerunError(
+            "--tensorboard needs the tensorboard package: pip install 'scalerun[tensorboard]'"
+        ) from None
+    writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD / f"rank-{rank}"))
+    return lambda records: write_records(writer, records)
+
+
+def write_records(writer: Any, records: list[dict[str, Any]]) -> None:
+    for record in records:
+        step = record["step"]
+        for name, value in record.get("scalars", {}).items():
+            if isinstance(value, int | float):
+                writer.add_scalar(name, value, step)
+        for name in TIMINGS:
+            if isinstance(record.get(name), int | float):
+                writer.add_scalar(f"time/{name}", record[name], step)
+        if record.get("samples") and record.get("dt"):
+            writer.add_scalar("throughput/samples_per_s", record["samples"] / record["dt"], step)
+    writer.flush()

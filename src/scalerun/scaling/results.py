@@ -1,0 +1,251 @@
+"""Steady-state numbers of each run, read from its step logs, and the study's table.
+
+Why from the step logs: they are written by every rank, survive a killed job (a reader
+skips the truncated last line) and time every step, so the warm-up (compilation, cache
+filling, the first all-reduce setting up its rings) can be dropped and only the steady
+state compared between sizes.
+
+Definitions (what the report's columns mean):
+
+- warm-up: the first ``warmup_steps`` step records of each rank's log, left out.
+- wall span of rank r: from the end of its last warm-up step (the ``t`` of that record;
+  ``t - dt`` of the first steady step when there is no warm-up) to the ``t`` of its last
+  steady step. Each span is read on one clock, so clock skew between nodes cannot enter.
+- samples per step (global): each logged rank's steady samples over its steady steps,
+  summed (scaled like samples/s); compared with the global batch the study asked for.
+- samples/s (global): the steady samples of every logged rank, summed, divided by the
+  longest wall span of a rank. Data-parallel ranks step together, so the slowest rank's
+  span is the job's; when fewer ranks wrote logs than the world size, the sum is scaled
+  by world / logged and a note says so.
+- time per step and its parts: means over every steady record of every rank; compute is
+  forward + backward + optimizer minus the measured communication (communication that
+  overlaps the backward pass is inside both, so it is taken out once); other is the part
+  of the step outside data, forward, backward and optimizer (logging, waiting).
+- speed-up: samples/s over the samples/s of the smallest size that finished.
+- parallel efficiency: speed-up over the ideal speed-up n / n_base, the same formula for
+  strong scaling (ideal: the fixed global batch goes n / n_base times faster) and weak
+  scaling (ideal: n / n_base times the samples in the same time).
+
+Pure except :func:`run_metrics`, which reads files; never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from scalerun.rundir import read_jsonl, step_logs
+from scalerun.scaling.batches import ScalingError, Size
+
+LOSS_NAMES = ("loss", "train_loss", "train/loss")
+ACCURACY_NAMES = ("accuracy", "val_accuracy", "acc", "val_acc", "train_accuracy", "val/accuracy")
+Status = Literal["ok", "failed"]
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run's steady state: throughput, the time of a step and its parts, final scalars."""
+
+    world_size: int
+    """Ranks of the run (from the step logs' meta lines, else the logs found)."""
+    ranks_logged: int
+    """Ranks whose step log had steady steps."""
+    steady_steps: int
+    """Steady steps of the rank with the fewest (the others may have logged one more)."""
+    samples: int
+    """Steady samples of the logged ranks, summed."""
+    span_s: float
+    """Longest wall span of a rank's steady steps."""
+    samples_per_step: float
+    """Samples per optimizer step over all ranks: the global batch as the logs saw it."""
+    samples_per_s: float
+    step_s: float
+    data_s: float
+    compute_s: float
+    comm_s: float | None
+    """Mean measured communication per step; None when the step log did not measure it."""
+    other_s: float
+    grad_bytes: int | None
+    loss: float | None = None
+    accuracy: float | None = None
+    scalars: dict[str, float] = field(default_factory=dict)
+    """Last logged value of every numeric scalar (lowest rank first)."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """What became of one size of the study: its numbers, or why it has none."""
+
+    size: Size
+    status: Status
+    run_dir: Path
+    log: Path | None = None
+    """The launcher's output (``launch.log``), where to look first when the size failed."""
+    error: str | None = None
+    """One line: the error of a failed size."""
+    metrics: RunMetrics | None = None
+    resumed: bool = False
+    """True when an earlier call of the study finished this size."""
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """A finished size compared with the smallest finished size."""
+
+    size: Size
+    metrics: RunMetrics
+    speedup: float
+    ideal_speedup: float
+    efficiency: float
+
+
+# ---------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------
+
+
+def run_metrics(run_dir: Path, warmup_steps: int) -> RunMetrics:
+    """The steady-state numbers of the run in ``run_dir``; ScalingError when there are none."""
+    logs = step_logs(run_dir)
+    if not logs:
+        raise ScalingError(f"no step log in {run_dir / 'steps'}: does the script call scalerun's step log?")
+    metas, steps = {}, {}
+    for rank, path in logs.items():
+        records = read_jsonl(path)
+        metas[rank] = next((r for r in records if r.get("kind") == "meta"), {})
+        steps[rank] = step_records(records)
+    steady = {rank: s[warmup_steps:] for rank, s in steps.items() if len(s) > warmup_steps}
+    if not steady:
+        most = max(len(s) for s in steps.values())
+        raise ScalingError(f"the step logs in {run_dir} hold {most} step(s), none after the "
+                           f"{warmup_steps} warm-up step(s); raise --steps or lower --warmup-steps")
+    return _metrics(metas, steps, steady, warmup_steps)
+
+
+def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step records in step order; a step logged twice (a restart) keeps its last record."""
+    by_step: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        if record.get("kind") == "step" and _number(record.get("t")) is not None:
+            by_step[record.get("step", len(by_step))] = record
+    return sorted(by_step.values(), key=lambda r: (_number(r.get("step")) or 0, r["t"]))
+
+
+def _metrics(metas: dict[int, dict], steps: dict[int, list], steady: dict[int, list],
+             warmup_steps: int) -> RunMetrics:
+    world = max([int(m["world_size"]) for m in metas.values() if _number(m.get("world_size"))] or [len(steps)])
+    spans = [rank_span(steps[rank], warmup_steps) for rank in steady]
+    span = max(spans)
+    samples = sum(_samples(records) for records in steady.values())
+    scale = world / len(steady)
+    notes = [] if len(steady) >= world else [
+        f"{len(steady)} of {world} ranks logged steady steps; samples/s assumes the others kept pace"]
+    records = [r for rank_records in steady.values() for r in rank_records]
+    scalars = final_scalars(steps)
+    return RunMetrics(
+        world_size=world, ranks_logged=len(steady), steady_steps=min(len(s) for s in steady.values()),
+        samples=samples, span_s=span, samples_per_s=samples * scale / span if span > 0 else 0.0,
+        samples_per_step=scale * sum(_samples(r) / len(r) for r in steady.values()),
+        **step_parts(records), grad_bytes=_grad_bytes(metas),
+        loss=_first(scalars, LOSS_NAMES), accuracy=_first(scalars, ACCURACY_NAMES),
+        scalars=scalars, notes=tuple(notes))
+
+
+def rank_span(records: list[dict[str, Any]], warmup_steps: int) -> float:
+    """Seconds from the end of the warm-up to the end of the last step, on this rank's clock."""
+    steady = records[warmup_steps:]
+    if warmup_steps > 0:
+        start = float(records[warmup_steps - 1]["t"])
+    else:
+        start = float(steady[0]["t"]) - (_number(steady[0].get("dt")) or 0.0)
+    return max(0.0, float(steady[-1]["t"]) - start)
+
+
+def step_parts(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean time per step and its parts over ``records`` (see the module's definitions)."""
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    comms = [c for c in (_number(r.get("comm_s")) for r in records) if c is not None]
+    computes, others = [], []
+    for r in records:
+        work = sum(_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
+        computes.append(max(0.0, work - (_number(r.get("comm_s")) or 0.0)))
+        others.append(max(0.0, (_number(r.get("dt")) or 0.0) - work - (_number(r.get("data_s")) or 0.0)))
+    return {"step_s": mean([_number(r.get("dt")) or 0.0 for r in records]),
+            "data_s": mean([_number(r.get("data_s")) or 0.0 for r in records]),
+            "compute_s": mean(computes), "comm_s": mean(comms) if comms else None,
+            "other_s": mean(others)}
+
+
+def final_scalars(steps: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
+    """The last logged value of every numeric scalar; the lowest rank that logged it wins.
+
+    Scripts often log the loss on rank 0 only, or a per-rank loss everywhere; rank 0's
+    value is the one a user saw printed.
+    """
+    found: dict[str, float] = {}
+    for rank in sorted(steps):
+        for name, value in _last_values(steps[rank]).items():
+            found.setdefault(name, value)
+    return found
+
+
+def _last_values(records: list[dict[str, Any]]) -> dict[str, float]:
+    last: dict[str, float] = {}
+    for record in records:
+        scalars = record.get("scalars")
+        for name, value in (scalars.items() if isinstance(scalars, dict) else ()):
+            number = _number(value)
+            if number is not None:
+                last[str(name)] = number
+    return last
+
+
+def _samples(records: list[dict[str, Any]]) -> int:
+    return sum(int(_number(r.get("samples")) or 0) for r in records)
+
+
+def _grad_bytes(metas: dict[int, dict]) -> int | None:
+    values = [int(m["grad_bytes"]) for _, m in sorted(metas.items()) if _number(m.get("grad_bytes"))]
+    return values[0] if values else None
+
+
+def _first(scalars: dict[str, float], names: tuple[str, ...]) -> float | None:
+    return next((scalars[name] for name in names if name in scalars), None)
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as float; None for null, text, booleans."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+# ---------------------------------------------------------------------------
+# The study table
+# ---------------------------------------------------------------------------
+
+
+def scaling_rows(results: Sequence[SizeResult]) -> list[ScalingRow]:
+    """Speed-up and efficiency of every finished size against the smallest finished size."""
+    done = sorted((r for r in results if r.status == "ok" and r.metrics), key=lambda r: r.size.ranks)
+    if not done:
+        return []
+    base = done[0]
+    assert base.metrics is not None
+    rows = []
+    for result in done:
+        assert result.metrics is not None
+        speedup = _ratio(result.metrics.samples_per_s, base.metrics.samples_per_s)
+        ideal = result.size.ranks / base.size.ranks
+        rows.append(ScalingRow(size=result.size, metrics=result.metrics, speedup=speedup,
+                               ideal_speedup=ideal, efficiency=speedup / ideal))
+    return rows
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base > 0 else 0.0

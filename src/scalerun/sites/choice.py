@@ -1,0 +1,40 @@
+"""Which site profile a command uses: the one ``--site`` flag and the one rule behind it.
+
+Why: ``--site`` used to be declared by three parsers and resolved twice with different
+defaults (the local profile on the launch side, no profile on the rank side). Now every
+command declares it with :func:`add_site_argument` and resolves it with
+:func:`resolve_site`: the flag, else ``$SCALERUN_SITE`` (exported by scalerun's job
+scripts so that ranks plan with the launch's site), else the shipped ``local`` profile,
+which holds no site knowledge at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+
+from scalerun.sites.profile import SiteProfile
+from scalerun.sites.store import load_site
+
+DEFAULT_SITE = "local"
+SITE_VARIABLE = "SCALERUN_SITE"
+
+
+def add_site_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Declare ``--site`` (the only declaration of that flag)."""
+    parser.add_argument(
+        "--site",
+        help=f"site profile name or .toml path (default ${SITE_VARIABLE}, else {DEFAULT_SITE})",
+    )
+
+
+def site_name(flag: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The site's name: the flag, else ``$SCALERUN_SITE``, else ``local``."""
+    env = os.environ if environ is None else environ
+    return flag or env.get(SITE_VARIABLE, "").strip() or DEFAULT_SITE
+
+
+def resolve_site(flag: str | None, environ: Mapping[str, str] | None = None) -> SiteProfile:
+    """The validated profile :func:`site_name` names."""
+    return load_site(site_name(flag, environ))

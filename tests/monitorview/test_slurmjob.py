@@ -1,0 +1,104 @@
+"""Reading ``scontrol show job`` and the srun command that samples a job's nodes.
+
+The scontrol lines are recorded from the SLURM test cluster (``fixtures/``); the
+sampler's shell text is run by the real ``sh``, with a hostile folder name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerun.errors import ScalerunError
+from scalerun.monitor.records import parse_monitor
+from scalerun.monitorview.attach import srun_environment
+from scalerun.monitorview.slurmjob import JobInfo, attach_command, is_job_id, parse_job
+from scalerun.rundir import read_jsonl
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNNING = (FIXTURES / "scontrol_running_2_nodes.txt").read_text()
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def test_a_running_job_gives_its_nodes_even_with_a_hostile_name() -> None:
+    assert "JobName=name with spaces NumNodes=9" in RUNNING
+    assert parse_job(RUNNING, "1") == JobInfo(
+        asked="1", job_id="1", state="RUNNING", node_list="nid[000001-000002]",
+        nodes=("nid000001", "nid000002"))
+
+
+def test_an_array_task_is_attached_by_its_own_job_id() -> None:
+    line = RUNNING.replace("JobId=1 ", "JobId=57 ArrayJobId=50 ArrayTaskId=7 ")
+    assert parse_job(line, "50_7").job_id == "57"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ((FIXTURES / "scontrol_array_pending.txt").read_text(), "job 9 is PENDING, not RUNNING"),
+        (RUNNING.replace("JobState=RUNNING", "JobState=COMPLETING"), "is COMPLETING, not RUNNING"),
+        (RUNNING + RUNNING.replace("JobId=1 ", "JobId=2 ArrayTaskId=1 "),
+         "job 9 is an array of 2 jobs: name one task"),
+        (RUNNING.replace(" NumNodes=2 ", " NumNodes=3 "), "NumNodes='3'"),
+        ("", "scontrol printed nothing for job 9"),
+    ],
+)
+def test_jobs_that_cannot_be_watched(text: str, message: str) -> None:
+    with pytest.raises(ScalerunError, match=message.replace("(", r"\(")):
+        parse_job(text, "9")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("123456", True), ("123456_7", True), ("123456_", False), ("12a", False), ("", False),
+     ("runs/x", False), ("123.0", False)],
+)
+def test_is_job_id(text: str, expected: bool) -> None:
+    assert is_job_id(text) is expected
+
+
+def job() -> JobInfo:
+    return parse_job(RUNNING, "1")
+
+
+def test_one_overlapping_task_per_node_of_the_job(tmp_path: Path) -> None:
+    argv = attach_command(job(), tmp_path, interval_s=0.5, python="/opt/py/bin/python3")
+    assert argv[:argv.index("sh")] == [
+        "srun", "--overlap", "--jobid=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--nodelist=nid[000001-000002]", "--job-name=scalerun-monitor"]
+    assert argv[-3:-1] == ["sh", "-c"]
+    assert "/opt/py/bin/python3 -m scalerun.monitor.node --out" in argv[-1]
+    assert "--interval 0.5" in argv[-1]
+
+
+def test_each_task_writes_the_file_of_its_node_whatever_the_folder_name(tmp_path: Path) -> None:
+    folder = tmp_path / "it's a \"folder\" $(touch pwned) `x`"
+    folder.mkdir()
+    argv = attach_command(job(), folder, interval_s=0.2, python=sys.executable)
+    env = {**os.environ, "SLURMD_NODENAME": "nid000002", "PYTHONPATH": SRC}
+    task = subprocess.Popen(argv[argv.index("sh"):], env=env, cwd=tmp_path)
+    path = folder / "nid000002.jsonl"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(read_jsonl(path)) < 2:
+            time.sleep(0.1)
+    finally:
+        task.send_signal(signal.SIGTERM)  # sh exec'd the sampler: it gets the signal
+        assert task.wait(20) == 0
+    meta, samples = parse_monitor(read_jsonl(path))
+    assert meta.node == "nid000002" and samples
+    assert sorted(p.name for p in folder.iterdir()) == ["nid000002.jsonl"]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_srun_does_not_inherit_a_surrounding_allocation() -> None:
+    env = {"SLURM_CONF": "/etc/slurm.conf", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "5",
+           "PATH": "/bin", "SLURMD_NODENAME": "x"}
+    assert srun_environment(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin",
+                                     "SLURMD_NODENAME": "x"}

@@ -1,0 +1,81 @@
+"""Observing and scaling on the real SLURM test cluster: a two-node job leaves one monitor
+file per node and a report naming both nodes; a one-and-two-node scaling study runs each
+size as its own job and reports both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scalerun.rundir import monitor_files, read_jsonl, step_logs
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[1]
+NODES = ["nid000001", "nid000002"]
+TRAIN = """
+    import argparse, torch, scalerun
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args()
+    scalerun.init()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    model = scalerun.wrap(net, lambda p: torch.optim.SGD(p, lr=0.05))
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 16), torch.randint(0, 4, (4096,)))
+    while True:  # bounded by SCALERUN_MAX_STEPS (scalerun scaling --steps, or --env)
+        for x, y in scalerun.loader(data, batch_size=args.batch_size, num_workers=0):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            model.backward(loss)
+            model.step()
+            scalerun.log(loss=loss)
+"""
+
+
+def scalerun(cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scalerun", *args], capture_output=True, text=True,
+                          cwd=REPO, env=cluster.env, timeout=timeout)
+
+
+def train_script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(TRAIN))
+    return path
+
+
+def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+                    "--run-dir", str(run), "--monitor-interval", "0.5", "--env", "SCALERUN_MAX_STEPS=40",
+                    str(train_script(tmp_path)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert sorted(monitor_files(run)) == NODES
+    for node, path in monitor_files(run).items():
+        records = read_jsonl(path)
+        assert records[0]["node"] == node and any(r["kind"] == "sample" for r in records)
+    assert sorted(step_logs(run)) == [0, 1, 2, 3]
+    assert {read_jsonl(p)[0]["node"] for p in step_logs(run).values()} == set(NODES)
+    assert all(read_jsonl(p)[-1]["step"] == 40 for p in step_logs(run).values())
+    report = scalerun(slurm_cluster, "report", str(run))
+    assert report.returncode == 0, report.stderr
+    text = (run / "report.md").read_text()
+    assert all(node in text for node in NODES)
+
+
+def test_a_one_and_two_node_study_runs_each_size_as_a_job(slurm_cluster, tmp_path):
+    out = tmp_path / "study"
+    done = scalerun(slurm_cluster, "scaling", "--nodes", "1,2", "--gpus-per-node", "2", "--batch", "16",
+                    "--steps", "15", "--warmup-steps", "3", "--out", str(out), "--",
+                    str(train_script(tmp_path)), "--batch-size", "{per_rank_batch}", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    sizes = {s["label"]: s for s in results["sizes"]}
+    assert sorted(sizes) == ["nodes-1", "nodes-2"]
+    assert [(sizes[k]["ranks"], sizes[k]["per_rank_batch"]) for k in ("nodes-1", "nodes-2")] == [(2, 8), (4, 4)]
+    assert all(s["status"] == "ok" and 0 < s["efficiency"] <= 1.5 for s in sizes.values())
+    assert results["busbw"]["gbs"] and results["busbw"]["gbs"] > 0  # the doctor's sweep across 2 nodes
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
