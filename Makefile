@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
 # Optional strategies, tested for real by `make test`: DeepSpeed from PyPI, and Horovod
 # 0.28.1 built once against this torch (C++17 patch) and cached under ~/.cache/scalerun.
 $(VENV)/.extras: $(VENV)/.installed scripts/install_horovod.sh
-	$(PY) -m pip install -q -e '.[test,deepspeed]'
+	$(PY) -m pip install -q -e '.[test,deepspeed,frameworks]'
 	# DeepSpeed JIT-compiles its CPU comm op on first use (~1 min): do it here, not in a test
 	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null
 	scripts/install_horovod.sh $(PY)

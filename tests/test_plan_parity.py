@@ -42,13 +42,15 @@ def torchrun_env(rank: int, ranks: int) -> dict[str, str]:
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without anything that would change a plan (a GPU test machine's
-    visibility, an outer job's SLURM variables, values scalerun itself decides)."""
+    """This environment without anything that would change a plan (an outer job's SLURM
+    variables, values scalerun itself decides), GPUs hidden: ``init()`` counts GPUs with
+    torch, the other paths from the fixture, and hidden they agree on every machine."""
     decided = {"OMP_NUM_THREADS", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "CUDA_DEVICE_ORDER",
                "TOKENIZERS_PARALLELISM", "NCCL_NET_GDR_LEVEL"}
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "SCALERUN_", "MIOPEN_", "TORCH", "TRITON_"))
-            and k not in decided and "VISIBLE_DEVICES" not in k and k not in placement.STRICT_VARIABLES}
+            and k not in decided and "VISIBLE_DEVICES" not in k and k not in placement.STRICT_VARIABLES
+            } | {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def cli_json(capsys: pytest.CaptureFixture, *argv: str) -> dict[str, Any]:

@@ -1,12 +1,8 @@
-"""The one rule for secrets (scalerun.redact) and the output paths that apply it."""
+"""The one rule for secrets (scalerun.redact), and the reports that apply it."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -111,40 +107,6 @@ def test_run_records_keep_numbers_and_mask_words() -> None:
     assert redact_data(record, secret_values(ENV)) == {
         "command": ["scalerun", "launch", "--env", f"HF_TOKEN={MASK}", "t.py"], "nnodes": 2,
         "script_args": ["--token", MASK], "DB_PASSWORD": MASK, "start": 1.5}
-
-
-# --- files: the user's umask, never world-writable ---------------------------------------------
-
-WRITE_UNDER_UMASK = """
-import os, sys
-from pathlib import Path
-os.umask(int(sys.argv[1], 8))
-from scalerun.files import make_dirs, write_text_atomic
-base = Path(sys.argv[2])
-make_dirs(base / "run" / "sub")
-write_text_atomic(base / "run" / "job.sbatch", "#!/bin/bash\\n", executable=True)
-write_text_atomic(base / "run" / "run.json", "{}\\n")
-"""
-
-
-@pytest.mark.parametrize(("umask", "script", "data", "folder"), [
-    ("022", 0o755, 0o644, 0o755),
-    ("077", 0o700, 0o600, 0o700),
-    ("000", 0o775, 0o664, 0o775),  # even then nothing scalerun writes is world-writable
-])
-def test_files_follow_the_umask(umask: str, script: int, data: int, folder: int, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    subprocess.run([sys.executable, "-c", WRITE_UNDER_UMASK, umask, str(tmp_path)], env=env,
-                   check=True, timeout=60)
-
-    def mode(path: Path) -> int:
-        return stat.S_IMODE(path.stat().st_mode)
-
-    run = tmp_path / "run"
-    assert (mode(run / "job.sbatch"), mode(run / "run.json")) == (script, data)
-    assert (mode(run), mode(run / "sub")) == (folder, folder)
-    assert not list(run.glob(".*.tmp"))
-
 
 
 def test_reports_mask_the_kept_command_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

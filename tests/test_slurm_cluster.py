@@ -354,7 +354,9 @@ def test_sbatch_lines_round_trip_through_the_real_sbatch(slurm_cluster, tmp_path
 
 
 def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
-    """lumi-g's per-node MIOpen cache and binds reach each task through a stand-in singularity."""
+    """lumi-g's per-node MIOpen cache, its bindings module (missing here, so its mounts as the
+    fallback) and its container activation reach each task through stand-ins for
+    singularity and module; the script's arguments arrive unchanged behind the activation."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "calls"
@@ -362,41 +364,26 @@ def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
     stand_in = bin_dir / "singularity"
     stand_in.write_text(
         "#!/bin/bash\n"
-        "# Records its arguments, then runs what follows the image, like singularity exec.\n"
+        "# Records its arguments and SINGULARITY_BIND, then runs what follows the image.\n"
         f'printf "%s\\n" "$@" > {record}/"$RANK"\n'
+        f'printf "%s" "$SINGULARITY_BIND" > {record}/"bind-$RANK"\n'
         'shift; while [[ "$1" == -B ]]; do shift 2; done; shift\n'
         'exec "$@"\n'
     )
-    stand_in.chmod(0o755)
+    module = bin_dir / "module"  # LUMI's bindings module is not on this cluster
+    module.write_text('#!/bin/bash\n[[ "$1" == use ]] && exit 0\nexit 1\n')
+    for tool in (stand_in, module):
+        tool.chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("export VIRTUAL_ENV=in-the-image\n")
     env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     done = scalerun(
-        slurm_cluster,
-        "launch",
-        "--site",
-        "lumi-g",
-        "--partition",
-        "small-g",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--cpus-per-task",
-        "1",
-        "--mem-per-gpu",
-        "100M",
-        "--time",
-        "5",
-        "--container",
-        "/images/pytorch.sif",
-        "--mount",
-        "/data:/data",
-        "--wait",
-        "--run-dir",
-        str(tmp_path),
-        PROBE,
-        "x",
-        env=env,
+        slurm_cluster, "launch", "--site", "lumi-g", "--partition", "small-g", "--nodes", "2",
+        "--gpus-per-node", "2", "--cpus-per-task", "1", "--mem-per-gpu", "100M", "--time", "5",
+        "--container", "/images/pytorch.sif", "--mount", "/data:/data",
+        "--container-venv", str(tmp_path / "venv"), "--wait", "--run-dir", str(tmp_path),
+        PROBE, "x y", "$HOME", "--a='b'", env=env,
     )
     log = job_log(tmp_path)
     assert done.returncode == 0, done.stderr + log
@@ -407,12 +394,17 @@ def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
         2: "/tmp/root-miopen-cache-1",
         3: "/tmp/root-miopen-cache-1",
     }
-    calls = {int(path.name): path.read_text().splitlines() for path in record.iterdir()}
+    assert {r: p["argv"] for r, p in ranks.items()} == {r: ["x y", "$HOME", "--a='b'"] for r in range(4)}
+    assert "module singularity-AI-bindings is missing: binding the site mounts instead" in log
+    calls = {int(p.name): p.read_text().splitlines() for p in record.iterdir() if p.name.isdigit()}
     assert sorted(calls) == [0, 1, 2, 3]
-    binds = ["-B", "/var/spool/slurmd", "-B", "/opt/cray", "-B", "/usr/lib64/libcxi.so.1"]
-    for call in calls.values():
-        assert call[0] == "exec" and call[1:7] == binds
-        assert call[-6:] == ["-B", "/data:/data", "/images/pytorch.sif", "python", PROBE, "x"]
+    activation = f'$WITH_CONDA && source "{tmp_path / "venv"}/bin/activate" && exec "$@"'
+    for rank, call in calls.items():
+        assert call[:3] == ["exec", "-B", "/data:/data"] and call[3] == "/images/pytorch.sif"
+        assert call[4:8] == ["bash", "-c", activation, "bash"]  # activated before python starts
+        assert call[8:] == ["python", PROBE, "x y", "$HOME", "--a='b'"]
+        bound = (record / f"bind-{rank}").read_text().split(",")
+        assert bound[:3] == ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1"]
 
 
 def test_sbatch_refusal_is_one_line(slurm_cluster, tmp_path):
@@ -429,3 +421,21 @@ def test_sbatch_refusal_is_one_line(slurm_cluster, tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "sbatch refused" in done.stderr, done.stderr
+
+
+def test_the_check_runs_first_and_a_fail_ends_the_job_before_training(slurm_cluster, tmp_path):
+    """NCCL_SOCKET_IFNAME=nmn0 across two nodes: the short doctor FAILs and nothing trains."""
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "1", "--wait",
+                    "--run-dir", str(tmp_path), "--no-monitor", "--env", "NCCL_SOCKET_IFNAME=nmn0",
+                    PROBE, "x")
+    log = job_log(tmp_path)
+    assert done.returncode != 0, log
+    assert "FAIL  interface" in log and "nmn0 is a management interface" in log
+    assert "PROBE " not in log  # training never started
+    passing = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "1", "--wait",
+                       "--run-dir", str(tmp_path / "ok"), "--no-monitor", PROBE, "x")
+    text = job_log(tmp_path / "ok")
+    assert passing.returncode == 0, text
+    assert text.index("summary:") < text.index("PROBE ")  # the verdicts come before training
+    # srun's own binding report is in the log, a line per task, beside scalerun's plan
+    assert re.search(r"cpu-bind=MASK - nid000001, task +0 +0 \[\d+\]: mask 0x[0-9a-f]+ set", text), text

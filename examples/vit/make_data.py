@@ -1,23 +1,30 @@
 """Write a synthetic image-classification file laid out like LUMI's Tiny-ImageNet HDF5.
 
-No data set can be downloaded here, so the example makes its own. The file has the
-layout of ``/appl/local/training/LUMI-AI-Guide/tiny-imagenet-dataset.hdf5``, so the same
-training code reads either:
+No data set can be downloaded here, so the example makes its own. Two layouts, read by
+the same training code (``data.py``):
 
-- ``images``: float32, N x 3 x 64 x 64, values in [0, 1] (what ``ToTensor`` gives);
-- ``labels``: int32, N, values 0 .. classes-1.
+- ``uint8`` (the default): ``images`` uint8, N x 3 x 64 x 64, values 0..255, as the
+  pixels of a JPEG or PNG are. A quarter of the bytes of float32, so a loader worker
+  moves four times the images per second, and the normalisation runs on the device.
+- ``float32``: ``images`` float32, N x 3 x 64 x 64, values in [0, 1] (what ``ToTensor``
+  gives), exactly the layout of ``/appl/local/training/LUMI-AI-Guide/tiny-imagenet-dataset.hdf5``.
+
+In both, ``labels`` is int32, N, values 0 .. classes-1, and the images are stored
+contiguously (not chunked): a batch of sorted indices is then one h5py read.
 
 Each class is a smooth template: a faint colour plus two low-frequency stripe patterns
 with their own orientation and frequency. A sample is its class template with a random
 spatial shift, a random brightness and strong Gaussian pixel noise. The shift and noise make a
 single pixel useless, so the model has to learn the patterns; the templates are distinct
-enough that a small ViT gets far above chance within a few hundred steps.
+enough that a small ViT gets far above chance within a few hundred steps. The uint8
+file holds the float32 file's values rounded to the nearest of 256 levels.
 
-The output depends only on (samples, classes, seed, image size). The file is written to
-a temporary name beside the target and renamed into place, so a reader (or another rank
-generating the same file) never sees a half-written file.
+The output depends only on (samples, classes, seed, image size, layout). The file is
+written to a temporary name beside the target and renamed into place, so a reader (or
+another rank generating the same file) never sees a half-written file.
 
     python examples/vit/make_data.py --out runs/vit/data.hdf5 --samples 4000 --classes 10 --seed 0
+    python examples/vit/make_data.py --out runs/vit/lumi-layout.hdf5 --dtype float32
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ STRIPES_PER_CLASS = 2
 MAX_SHIFT = 8  # pixels; each sample's pattern is moved by up to this much in x and y
 BRIGHTNESS = 0.15  # each sample is brightened or darkened by up to this much
 NOISE_STD = 0.5
+DTYPES = ("uint8", "float32")
+"""Image layouts: uint8 0..255 (default), or LUMI's float32 in [0, 1]."""
 
 
 def class_templates(classes: int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -81,16 +90,26 @@ def sample_images(
     return np.clip(images, 0.0, 1.0, out=images)
 
 
+def to_layout(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Float images in [0, 1] as stored: unchanged for float32, 256 levels for uint8."""
+    if dtype == "float32":
+        return values
+    return np.rint(values * 255.0).astype(np.uint8)
+
+
 def make_dataset(
     out: str | os.PathLike[str],
     samples: int,
     classes: int,
     seed: int = 0,
     image_size: int = IMAGE_SIZE,
+    dtype: str = "uint8",
 ) -> Path:
     """Write the file atomically to ``out`` and return its path."""
     if samples < 1 or classes < 1:
         raise ValueError(f"need samples >= 1 and classes >= 1, got {samples} and {classes}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -100,15 +119,12 @@ def make_dataset(
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         with h5py.File(tmp, "w") as f:
-            images = f.create_dataset(
-                "images", (samples, 3, image_size, image_size), dtype="float32"
-            )
+            images = f.create_dataset("images", (samples, 3, image_size, image_size), dtype=dtype)
             f.create_dataset("labels", data=labels)
             for start in range(0, samples, CHUNK):
                 chunk = labels[start : start + CHUNK]
-                images[start : start + len(chunk)] = sample_images(
-                    templates, chunk, image_size, rng
-                )
+                values = sample_images(templates, chunk, image_size, rng)
+                images[start : start + len(chunk)] = to_layout(values, dtype)
             f.attrs.update(
                 {
                     "classes": classes,
@@ -128,17 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=4000, help="number of images (default 4000)")
     parser.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; same seed, same file")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="uint8",
+        help="image layout: uint8 0..255 (default) or float32 in [0, 1] (LUMI's file)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        path = make_dataset(args.out, args.samples, args.classes, args.seed)
+        path = make_dataset(args.out, args.samples, args.classes, args.seed, dtype=args.dtype)
     except (ValueError, OSError) as error:
         print(f"make_data.py: error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {path}: {args.samples} images, {args.classes} classes, seed {args.seed}")
+    print(
+        f"wrote {path}: {args.samples} {args.dtype} images, {args.classes} classes, seed {args.seed}"
+    )
     return 0
 
 

@@ -29,6 +29,12 @@ Switch strategy with one flag (the loop is the same; docs/strategies.md):
     # resumable: saves each epoch under the folder, continues from it when started again
     scalerun launch --nproc-per-node 2 examples/vit/train.py --checkpoint runs/vit/ckpt
 
+Speed (issue 12): on a GPU the default is bf16 mixed precision; ``--compile`` compiles
+each transformer block before ``wrap`` (why there: ``speed.py``). Batches are read from
+HDF5 in one read each, cross to the device as stored (uint8), and are normalised there:
+
+    scalerun launch --nproc-per-node 8 examples/vit/train.py --model b16 --batch-size 128 --compile
+
 ``--batch-size`` is per rank, as in the course: N ranks train with a global batch of
 N x 32 (weak scaling), so the learning rate may need tuning at large N.
 """
@@ -44,17 +50,25 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from data import DataFileError, HDF5Dataset, default_data_path, split
+from data import DataFileError, HDF5Dataset, collate, default_data_path, normalise, split
 from make_data import make_dataset
 from model import ViT, count_parameters, vit_config
+from speed import add_speed_options, choose_precision, compile_blocks
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 import scalerun
 from scalerun import checkpoint
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
 from scalerun.runtime.wrap import STRATEGIES, Wrapped
+
+# Loader workers per rank on a GPU: one worker reads and batches 14,000-38,000 uint8
+# images/s (benchmarks/loader.py) and ViT-B/16 trains ~3,100 images/s on an H100, so one
+# feeds it; the second absorbs stalls (page cache misses, a slow file system). Measured:
+# 4 workers trained no faster than 2 (benchmarks/example_gpu.py).
+GPU_WORKERS = 2
+PREFETCH_BATCHES = 4  # per worker; a batch of 128 uint8 64x64 images is 1.5 MB
 
 
 def positive(text: str) -> int:
@@ -77,11 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch-size", type=positive, default=32, help="images per step and rank (default 32)")
     add("--lr", type=float, default=1e-3, help="Adam learning rate (default: the course's 1e-3)")
     add("--seed", type=int, default=0, help="seeds data file, split, weights, shuffle (default 0)")
-    add("--num-workers", type=int, default=None, help="loader workers per rank (default: by CPUs)")
+    add("--num-workers", type=int, default=None,
+        help=f"loader workers per rank (default: {GPU_WORKERS} on a GPU if the rank has the "
+             "CPUs, on CPU scalerun's default by CPUs)")
     add("--out", type=Path, default=Path("runs/vit/model.pt"), help="weights file (rank 0 writes)")
     add("--strategy", choices=STRATEGIES, default="ddp",
         help="ddp (default), fsdp, deepspeed (ZeRO-2) or horovod")
-    add("--checkpoint", type=Path, help="checkpoint folder: resume from it, save to it each epoch")
+    add("--checkpoint", type=Path, default=checkpoint.folder(),
+        help="checkpoint folder: resume from it, save to it each epoch (default: scalerun "
+             "launch --checkpoint's, where the ranks also save when the job is warned)")
+    add_speed_options(parser)
     return parser
 
 
@@ -106,6 +125,49 @@ def open_dataset(args: argparse.Namespace, ctx: Context) -> HDF5Dataset:
     return HDF5Dataset(path)
 
 
+def loader_workers(requested: int | None, ctx: Context, dataset: Dataset) -> int:
+    """Workers per rank: as asked, else enough to feed a GPU, else scalerun's CPU default."""
+    if requested is not None:
+        return requested
+    # scalerun's default: this rank's CPUs, one kept for the rank itself (no process starts).
+    spare = scalerun.loader(dataset, batch_size=1).num_workers
+    return min(GPU_WORKERS, spare) if ctx.device.type == "cuda" else spare
+
+
+def make_loaders(
+    args: argparse.Namespace, ctx: Context, dataset: HDF5Dataset
+) -> tuple[DataLoader, DataLoader]:
+    """The training loader (this rank's shard, reshuffled every epoch) and the validation
+    loader (every image on exactly one rank), both reading a batch per h5py read."""
+    train_set, val_set = split(dataset, args.seed)  # seeded: the same split on every rank
+    workers = loader_workers(args.num_workers, ctx, train_set)
+    # collate passes __getitems__'s batch through; pin_memory is on for GPUs (scalerun).
+    options = {"num_workers": workers, "collate_fn": collate,
+               "prefetch_factor": PREFETCH_BATCHES if workers else None}
+    train = scalerun.loader(train_set, batch_size=args.batch_size, shuffle=True,
+                            seed=args.seed, **options)
+    val = scalerun.loader(val_set, batch_size=2 * args.batch_size, train=False, **options)
+    return train, val
+
+
+def build_model(
+    args: argparse.Namespace, ctx: Context, num_classes: int
+) -> tuple[ViT, Wrapped, str]:
+    """The ViT, compiled if asked (before wrap: speed.py says why), wrapped for the
+    strategy with the chosen precision; returns (vit, wrapped, a line saying what)."""
+    vit = ViT(vit_config(args.model, num_classes))
+    precision, source = choose_precision(args.precision, ctx.device)
+    compiled = compile_blocks(vit) if args.compile else 0
+    # Fused Adam: one kernel for all parameters instead of several per tensor (CUDA, DDP).
+    fused = ctx.device.type == "cuda" and args.strategy == "ddp"
+    optimizer = torch.optim.Adam(vit.parameters(), lr=args.lr, **({"fused": True} if fused else {}))
+    model = scalerun.wrap(vit, optimizer, strategy=args.strategy,
+                          micro_batch_size=args.batch_size, precision=precision)
+    what = [f"precision {precision} ({source})",
+            f"{compiled} blocks compiled" if compiled else "not compiled"]
+    return vit, model, ", ".join(what + (["fused Adam"] if fused else []))
+
+
 def train_epoch(
     model: Wrapped,
     loader: DataLoader,
@@ -117,8 +179,11 @@ def train_epoch(
     loss_sum = torch.zeros((), device=device)
     seen = steps = 0
     for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        loss = F.cross_entropy(model(images), labels)
+        # Pinned batches copy without blocking; the uint8 bytes are normalised on the device.
+        images = normalise(images.to(device, non_blocking=True))
+        labels = labels.to(device, non_blocking=True)
+        # The loss in fp32: autocast covers the model only, and a bf16 softmax loses bits.
+        loss = F.cross_entropy(model(images).float(), labels)
         model.backward(loss)  # gradients are averaged (or sharded) over ranks here
         model.step()  # optimizer step and zero grad, the same for every strategy
         loss_sum += loss.detach() * len(labels)  # stays on the device: no sync per step
@@ -144,8 +209,9 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> tupl
         batch = next(batches, None)
         first = first or batch
         images, labels = batch or first
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits = model(images)
+        images = normalise(images.to(device, non_blocking=True))
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images).float()
         if batch is None:
             continue
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
@@ -155,16 +221,18 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> tupl
 
 
 def describe_run(
-    args: argparse.Namespace, ctx: Context, threads: int, model: ViT, data: Path, n_train: int
+    args: argparse.Namespace, ctx: Context, threads: int, model: ViT, data: HDF5Dataset,
+    loader: DataLoader,
 ) -> str:
     """The effective configuration, printed once at the start."""
     classes = model.config.num_classes
     return (
         f"{args.model}: {count_parameters(model):,} parameters; {ctx.world_size} rank(s) "
         f"({ctx.local_world_size} per node) on {ctx.device}, backend {ctx.backend}, "
-        f"{threads} thread(s) per rank; data {data}: {n_train} train images, {classes} "
-        f"classes (chance {100 / classes:.1f}%); batch {args.batch_size} per rank, "
-        f"{args.batch_size * ctx.world_size} in all"
+        f"{threads} thread(s) per rank; data {data.path} ({data.dtype}): "
+        f"{len(loader.dataset)} train images, {classes} classes (chance {100 / classes:.1f}%); "
+        f"batch {args.batch_size} per rank, {args.batch_size * ctx.world_size} in all; "
+        f"{loader.num_workers} loader worker(s) per rank"
     )
 
 
@@ -189,24 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"train.py: error: {error}", file=sys.stderr, flush=True)
         scalerun.shutdown()
         return 2
-    train_set, val_set = split(dataset, args.seed)  # seeded: the same split on every rank
-    # Each rank gets its share; the train loader reshuffles every epoch by itself.
-    train_loader = scalerun.loader(
-        train_set,
-        batch_size=args.batch_size,
-        shuffle=True,
-        seed=args.seed,
-        num_workers=args.num_workers,
-    )
-    val_loader = scalerun.loader(
-        val_set, batch_size=2 * args.batch_size, train=False, num_workers=args.num_workers
-    )
-
-    vit = ViT(vit_config(args.model, dataset.num_classes))
-    scalerun.print(describe_run(args, ctx, threads, vit, dataset.path, len(train_set)))
-    model = scalerun.wrap(vit, torch.optim.Adam(vit.parameters(), lr=args.lr),
-                          strategy=args.strategy, micro_batch_size=args.batch_size)
-    scalerun.print(model.describe())
+    train_loader, val_loader = make_loaders(args, ctx, dataset)
+    vit, model, speed = build_model(args, ctx, dataset.num_classes)
+    scalerun.print(describe_run(args, ctx, threads, vit, dataset, train_loader))
+    scalerun.print(f"{model.describe()}; {speed}")
 
     start = time.perf_counter()
     step, first_epoch = 0, 1

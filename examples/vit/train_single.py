@@ -12,6 +12,10 @@ Run it (a synthetic data file is written on first use under runs/vit/):
     # one GPU on LUMI with the course's data and model
     python examples/vit/train_single.py --model b16 --epochs 4 --num-workers 7 \
         --data /appl/local/training/LUMI-AI-Guide/tiny-imagenet-dataset.hdf5 --no-generate
+
+Beyond the course, and shared with ``train.py``: bf16 autocast by default on a GPU
+(``--precision``), ``--compile``, and batches read from HDF5 in one read each, copied
+from pinned memory and normalised on the device (``data.py``, ``speed.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from data import DataFileError, HDF5Dataset, default_data_path, split
+from data import DataFileError, HDF5Dataset, collate, default_data_path, normalise, split
 from make_data import make_dataset
 from model import ViT, count_parameters, vit_config
+from speed import add_speed_options, autocast_dtype, choose_precision, compile_blocks
 from torch.utils.data import DataLoader
 
 
@@ -45,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="seeds data file, split, weights, shuffle (default 0)")
     add("--num-workers", type=int, default=0, help="DataLoader workers (the course uses 7)")
     add("--out", type=Path, default=Path("runs/vit/model_single.pt"), help="weights file")
+    add_speed_options(parser)
     return parser
 
 
@@ -63,15 +69,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train_single.py: error: {error}", file=sys.stderr)
         return 2
     train_set, val_set = split(dataset, args.seed)
-    train_loader = DataLoader(
-        train_set, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers
-    )
-    val_loader = DataLoader(val_set, batch_size=2 * args.batch_size, num_workers=args.num_workers)
+    # collate: the data set reads whole batches (__getitems__); pinned memory for the copy.
+    options = {"num_workers": args.num_workers, "collate_fn": collate,
+               "pin_memory": device.type == "cuda"}
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, **options)
+    val_loader = DataLoader(val_set, batch_size=2 * args.batch_size, **options)
 
     model = ViT(vit_config(args.model, dataset.num_classes)).to(device)
+    if args.compile:
+        compile_blocks(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    precision, _ = choose_precision(args.precision, device)
+    dtype = autocast_dtype(precision)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     print(
-        f"{args.model}: {count_parameters(model):,} parameters on {device}; "
+        f"{args.model}: {count_parameters(model):,} parameters on {device}, {precision}; "
         f"{len(train_set)} train / {len(val_set)} val images, {dataset.num_classes} classes"
     )
 
@@ -82,11 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         epoch_start = time.perf_counter()
         loss_sum, seen = 0.0, 0
         for images, labels in train_loader:
-            images, labels = images.to(device), labels.to(device)
-            loss = F.cross_entropy(model(images), labels)
+            images = normalise(images.to(device, non_blocking=True))
+            labels = labels.to(device, non_blocking=True)
+            with autocast:
+                logits = model(images)
+            loss = F.cross_entropy(logits.float(), labels)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             loss_sum += loss.item() * len(labels)
             seen += len(labels)
             step += 1
@@ -98,8 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         val_loss, correct, count = 0.0, 0, 0
         with torch.no_grad():
             for images, labels in val_loader:
-                images, labels = images.to(device), labels.to(device)
-                logits = model(images)
+                images = normalise(images.to(device, non_blocking=True))
+                labels = labels.to(device, non_blocking=True)
+                with autocast:
+                    logits = model(images).float()
                 val_loss += F.cross_entropy(logits, labels, reduction="sum").item()
                 correct += (logits.argmax(dim=1) == labels).sum().item()
                 count += len(labels)

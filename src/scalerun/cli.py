@@ -42,8 +42,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the full parser; subcommand modules add their own flags."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; subcommand modules add their own flags.
+
+    ``only`` builds just that command's parser: ``scalerun launch`` then imports no other
+    command's module, which keeps the launcher's start-up short (its ranks wait on it).
+    """
     parser = OneLineParser(
         prog="scalerun",
         description="Run PyTorch training on many GPUs and nodes, correctly placed and checked.",
@@ -53,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"scalerun {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name in COMMANDS:
+    for name in (only,) if only in COMMANDS else COMMANDS:
         module_name = MODULE_OF_COMMAND.get(name, name.replace("-", "_"))
         module = importlib.import_module(f"scalerun.commands.{module_name}")
         module.add_parser(subparsers)
@@ -62,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from scalerun.errors import ScalerunError
 
@@ -62,6 +64,15 @@ def write_text_atomic(path: Path, text: str, *, executable: bool = False, what: 
 
     ``what`` names the flag the path came from, for the one-line error on failure.
     """
+    return write_atomic(path, lambda handle: handle.write(text.encode()), executable=executable,
+                        what=what)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, executable: bool = False,
+                 what: str = "") -> Path:
+    """Call ``write`` on a temporary file beside ``path``, flush it to disk, then rename it
+    over ``path``: readers see the old file or the whole new one (a PNG, a report), never
+    half of it. ``what`` names the flag the path came from, for the one-line error."""
     label = what or str(path)
     if path.is_dir():
         raise ScalerunError(f"{label} {path} is a folder; give a file name")
@@ -69,8 +80,8 @@ def write_text_atomic(path: Path, text: str, *, executable: bool = False, what: 
     try:
         make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, new_file_mode(executable))

@@ -114,6 +114,9 @@ def slurm_conf_text(spec: ClusterSpec) -> str:
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
+        # A requeued job may start again only once its step credentials expired (default
+        # 120 s): 10 s keeps the preemption tests short (tests/test_slurm_preempt.py).
+        "AuthInfo=cred_expire=10",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool/%n",
         f"SlurmctldPidFile={root}/run/slurmctld.pid",

@@ -1,14 +1,18 @@
-"""The ViT example: data file layout, model shapes, and the two scripts on a tiny file.
+"""The ViT example: data file layouts, batched reads, model shapes, the two scripts.
 
 The example's modules are plain files beside the scripts (not a package), so they are
 loaded by path under unique names; the scripts themselves run as the user runs them,
-in a subprocess. The 2-rank launch of train.py is tested with the launcher.
+in a subprocess. The 2-rank launch of train.py is tested with the launcher. Speed is
+measured by benchmarks/, not here: these tests check that the fast paths give the same
+samples and still learn.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +22,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
+
+import scalerun
 
 VIT_DIR = Path(__file__).resolve().parents[2] / "examples" / "vit"
 
@@ -31,13 +37,26 @@ def load(name: str) -> ModuleType:
 
 
 make_data, model_mod, data_mod = load("make_data"), load("model"), load("data")
+speed = load("speed")
+
+LAYOUTS = ("uint8", "float32")
 
 
 @pytest.fixture(scope="module")
-def small_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data.make_dataset(
-        tmp_path_factory.mktemp("vit") / "small.hdf5", samples=40, classes=4, seed=3
-    )
+def small_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same 40 images in both layouts (uint8 is the float32 values rounded)."""
+    folder = tmp_path_factory.mktemp("vit")
+    return {
+        dtype: make_data.make_dataset(
+            folder / f"small-{dtype}.hdf5", samples=40, classes=4, seed=3, dtype=dtype
+        )
+        for dtype in LAYOUTS
+    }
+
+
+@pytest.fixture(scope="module")
+def small_file(small_files: dict[str, Path]) -> Path:
+    return small_files["uint8"]
 
 
 def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -56,15 +75,29 @@ def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProces
 # --- make_data.py --------------------------------------------------------------------
 
 
-def test_generated_file_has_the_lumi_layout(small_file: Path) -> None:
-    with h5py.File(small_file, "r") as f:
+@pytest.mark.parametrize(("dtype", "full"), [("uint8", 255), ("float32", 1.0)])
+def test_generated_file_has_the_lumi_layout(small_files: dict, dtype: str, full: float) -> None:
+    with h5py.File(small_files[dtype], "r") as f:
         images, labels = f["images"], f["labels"]
-        assert (images.dtype, images.shape) == (np.float32, (40, 3, 64, 64))
+        assert (images.dtype, images.shape) == (np.dtype(dtype), (40, 3, 64, 64))
+        assert images.chunks is None  # contiguous: a batch is one read
         assert (labels.dtype, labels.shape) == (np.int32, (40,))
-        assert images[()].min() >= 0.0 and images[()].max() <= 1.0
+        assert images[()].min() >= 0 and images[()].max() <= full
         assert set(labels[()]) <= set(range(4))
         assert f.attrs["classes"] == 4
-    assert [p.name for p in small_file.parent.iterdir()] == ["small.hdf5"]  # no temp file left
+    names = sorted(p.name for p in small_files[dtype].parent.iterdir())
+    assert names == ["small-float32.hdf5", "small-uint8.hdf5"]  # no temp file left
+
+
+def test_uint8_file_is_the_float32_file_rounded(small_files: dict) -> None:
+    with h5py.File(small_files["uint8"]) as u, h5py.File(small_files["float32"]) as f:
+        assert np.abs(u["images"][()] / 255.0 - f["images"][()]).max() <= 0.5 / 255 + 1e-6
+        assert np.array_equal(u["labels"][()], f["labels"][()])
+
+
+def test_default_data_path_names_the_layout() -> None:
+    # A float32 file generated before uint8 became the default is never picked up.
+    assert data_mod.default_data_path(4000, 10, 0).name == "synthetic-4000x10-seed0-uint8.hdf5"
 
 
 def test_generation_is_deterministic_in_the_seed(tmp_path: Path) -> None:
@@ -82,16 +115,20 @@ def test_make_data_cli(tmp_path: Path) -> None:
         make_data.main(["--out", str(tmp_path / "d.hdf5"), "--samples", "5", "--classes", "2"]) == 0
     )
     assert make_data.main(["--out", str(tmp_path / "e.hdf5"), "--samples", "0"]) == 2
+    assert make_data.main(["--out", str(tmp_path / "f.hdf5"), "--samples", "3", "--dtype", "float32"]) == 0
+    assert data_mod.HDF5Dataset(tmp_path / "f.hdf5").dtype == np.float32
 
 
 # --- data.py ---------------------------------------------------------------------------
 
 
-def test_dataset_reads_normalised_images_and_splits_80_20(small_file: Path) -> None:
-    dataset = data_mod.HDF5Dataset(small_file)
+@pytest.mark.parametrize("dtype", LAYOUTS)
+def test_dataset_reads_images_as_stored_and_splits_80_20(small_files: dict, dtype: str) -> None:
+    dataset = data_mod.HDF5Dataset(small_files[dtype])
     image, label = dataset[0]
-    assert (len(dataset), dataset.num_classes) == (40, 4)
-    assert image.shape == (3, 64, 64) and image.dtype == torch.float32 and isinstance(label, int)
+    assert (len(dataset), dataset.num_classes, dataset.dtype) == (40, 4, np.dtype(dtype))
+    assert image.shape == (3, 64, 64) and image.dtype == getattr(torch, dtype)
+    assert isinstance(label, int)
     train, val = data_mod.split(dataset, seed=0)
     again, _ = data_mod.split(dataset, seed=0)
     assert (len(train), len(val)) == (32, 8)
@@ -101,9 +138,97 @@ def test_dataset_reads_normalised_images_and_splits_80_20(small_file: Path) -> N
 def test_dataset_in_loader_workers_after_the_parent_read(small_file: Path) -> None:
     dataset = data_mod.HDF5Dataset(small_file)
     first = dataset[0][0]  # the parent now holds an open handle; workers must open their own
-    loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=1)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=8, num_workers=1, collate_fn=data_mod.collate
+    )
     images, labels = next(iter(loader))
     assert torch.equal(images[0], first) and labels.shape == (8,)
+
+
+# --- batched reads: the same samples as one read per image ------------------------------
+
+INDEX_CASES = [
+    # (name, indices of one batch, as a sampler may give them)
+    ("shuffled", [17, 3, 29, 8, 0, 39]),
+    ("one_run", [10, 11, 12, 13]),  # a slice
+    ("duplicates", [5, 2, 5, 31, 2]),  # DistributedSampler pads with repeats
+    ("strided", [1, 3, 5, 7, 9]),  # ShardSampler of rank 1 of 2
+    ("single", [21]),
+]
+
+
+def chunked_copy(source: Path, target: Path) -> Path:
+    """The same data stored in chunks of one image, as other writers (and maybe LUMI) do."""
+    with h5py.File(source) as f, h5py.File(target, "w") as g:
+        g.create_dataset("images", data=f["images"][()], chunks=(1, 3, 64, 64), compression="gzip")
+        g["labels"] = f["labels"][()]
+    return target
+
+
+@pytest.mark.parametrize("storage", ["contiguous", "chunked"])
+@pytest.mark.parametrize("dtype", LAYOUTS)
+@pytest.mark.parametrize(("case", "indices"), INDEX_CASES, ids=[c[0] for c in INDEX_CASES])
+def test_batched_reads_equal_single_reads(
+    small_files: dict, tmp_path: Path, storage: str, dtype: str, case: str, indices: list
+) -> None:
+    path = small_files[dtype]
+    if storage == "chunked":
+        path = chunked_copy(path, tmp_path / "chunked.hdf5")
+    dataset = data_mod.HDF5Dataset(path)
+    images, labels = dataset.__getitems__(indices)
+    assert images.dtype == getattr(torch, dtype) and labels.dtype == torch.int64
+    assert torch.equal(images, torch.stack([dataset[i][0] for i in indices]))
+    assert labels.tolist() == [dataset[i][1] for i in indices]
+
+
+def test_batched_reads_through_the_split(small_file: Path) -> None:
+    # random_split's Subset maps a batch's indices and forwards them to __getitems__.
+    train, _ = data_mod.split(data_mod.HDF5Dataset(small_file), seed=0)
+    indices = [7, 0, 31, 12]
+    images, labels = data_mod.collate(train.__getitems__(indices))
+    assert torch.equal(images, torch.stack([train[i][0] for i in indices]))
+    assert labels.tolist() == [train[i][1] for i in indices]
+
+
+def test_collate_stacks_samples_of_a_data_set_without_batched_reads(small_file: Path) -> None:
+    dataset = data_mod.HDF5Dataset(small_file)
+    images, labels = data_mod.collate([dataset[2], dataset[9]])
+    assert torch.equal(images, dataset.__getitems__([2, 9])[0]) and labels.tolist() == [
+        dataset[2][1], dataset[9][1]]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_scalerun_loader_gives_the_samplers_samples(small_file: Path, workers: int) -> None:
+    """Batched reads change how a batch is fetched, never which samples are in it."""
+    train, val = data_mod.split(data_mod.HDF5Dataset(small_file), seed=0)
+    fast = scalerun.loader(train, batch_size=8, seed=4, num_workers=workers,
+                           collate_fn=data_mod.collate)
+    order = scalerun.loader(train, batch_size=8, seed=4, num_workers=0)  # same sampler, same seed
+    for _ in range(2):  # two epochs: each reshuffled, each still matching
+        for (images, labels), indices in zip(fast, order.batch_sampler, strict=True):
+            assert torch.equal(images, torch.stack([train[i][0] for i in indices]))
+            assert labels.tolist() == [train[i][1] for i in indices]
+    # Validation: every sample exactly once, in order (what exact evaluation relies on).
+    seen = [label for _, labels in scalerun.loader(
+        val, batch_size=3, train=False, num_workers=workers, collate_fn=data_mod.collate
+    ) for label in labels.tolist()]
+    assert seen == [val[i][1] for i in range(len(val))]
+
+
+# --- normalisation, on the device ------------------------------------------------------
+
+
+def test_normalise_is_the_courses_to_tensor_and_normalize(small_files: dict) -> None:
+    mean = torch.tensor(data_mod.IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(data_mod.IMAGENET_STD).view(3, 1, 1)
+    stored = {d: data_mod.HDF5Dataset(small_files[d]).__getitems__([0, 5])[0] for d in LAYOUTS}
+    as_float = data_mod.normalise(stored["float32"])
+    as_uint8 = data_mod.normalise(stored["uint8"])
+    assert as_float.dtype == as_uint8.dtype == torch.float32
+    torch.testing.assert_close(as_float, (stored["float32"] - mean) / std)
+    torch.testing.assert_close(as_uint8, (stored["uint8"] / 255.0 - mean) / std)
+    # The two layouts differ by the rounding to 256 levels only.
+    assert (as_uint8 - as_float).abs().max() <= 0.5 / 255 / min(data_mod.IMAGENET_STD) + 1e-5
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
@@ -129,6 +254,13 @@ BAD_FILES = [
         "float64",
         lambda p: write_h5(p, images=np.zeros((4, 3, 8, 8)), labels=np.zeros(4, np.int32)),
         "'images' is float64",
+    ),
+    (
+        "int16",
+        lambda p: write_h5(
+            p, images=np.zeros((4, 3, 8, 8), np.int16), labels=np.zeros(4, np.int32)
+        ),
+        "'images' is int16",
     ),
     (
         "label_count",
@@ -248,12 +380,13 @@ def test_missing_data_with_no_generate_is_one_line(tmp_path: Path, script: str) 
     assert "Traceback" not in done.stderr
 
 
-def test_train_runs_two_steps_in_one_process(small_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", LAYOUTS)
+def test_train_runs_two_steps_in_one_process(small_files: dict, tmp_path: Path, dtype: str) -> None:
     out = tmp_path / "model.pt"
     done = run_script(
         "train.py",
         "--data",
-        str(small_file),
+        str(small_files[dtype]),
         "--max-steps",
         "2",
         "--batch-size",
@@ -268,3 +401,71 @@ def test_train_runs_two_steps_in_one_process(small_file: Path, tmp_path: Path) -
     state = torch.load(out)
     assert not any(key.startswith("module.") for key in state)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+# --- precision and compile still learn --------------------------------------------------
+
+EPOCH = re.compile(r"train loss ([0-9.]+), val loss [0-9.]+, val accuracy ([0-9.]+)%")
+
+
+def learning_curve(stdout: str) -> list[tuple[float, float]]:
+    """(train loss, val accuracy %) per epoch, from train.py's output."""
+    return [(float(loss), float(acc)) for loss, acc in EPOCH.findall(stdout)]
+
+
+@pytest.fixture(scope="module")
+def learnable_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 4 classes (chance 25 %); 256 training images = 16 full batches of 16, so a
+    # compiled run sees one training shape and one validation shape.
+    return make_data.make_dataset(
+        tmp_path_factory.mktemp("learn") / "learn.hdf5", samples=320, classes=4, seed=0
+    )
+
+
+def train_three_epochs(data: Path, tmp_path: Path, *flags: str) -> list[tuple[float, float]]:
+    done = run_script(
+        "train.py", "--data", str(data), "--batch-size", "16", "--epochs", "3",
+        "--out", str(tmp_path / "w.pt"), *flags, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    curve = learning_curve(done.stdout)
+    assert len(curve) == 3, done.stdout
+    return curve
+
+
+def test_bf16_training_learns_on_cpu(learnable_file: Path, tmp_path: Path) -> None:
+    curve = train_three_epochs(learnable_file, tmp_path, "--precision", "bf16")
+    losses = [loss for loss, _ in curve]
+    assert losses == sorted(losses, reverse=True), curve  # falls every epoch
+    assert curve[-1][1] >= 50.0, curve  # chance is 25 %
+
+
+def test_compiled_bf16_training_learns_on_cpu(learnable_file: Path, tmp_path: Path) -> None:
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler (cc/gcc), and none is on PATH")
+    if not hasattr(torch, "compile"):
+        pytest.skip(f"torch {torch.__version__} has no torch.compile")
+    # About 20 s on 2 cores with an empty inductor cache (compiling), 6 s with a warm one.
+    curve = train_three_epochs(learnable_file, tmp_path, "--precision", "bf16", "--compile")
+    losses = [loss for loss, _ in curve]
+    assert losses == sorted(losses, reverse=True), curve
+    assert curve[-1][1] >= 50.0, curve
+
+
+def test_compiled_weights_keep_their_names() -> None:
+    vit = model_mod.ViT(model_mod.vit_config("tiny", 3))
+    names = list(vit.state_dict())
+    assert speed.compile_blocks(vit) == 4  # in place: no compiling happens before a call
+    assert list(vit.state_dict()) == names  # no "_orig_mod." prefix: saved weights unchanged
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "expected"),
+    [
+        (None, "cpu", ("fp32", "default on CPU")),
+        ("bf16", "cpu", ("bf16", "--precision")),
+        ("fp16", "cpu", ("fp16", "--precision")),
+    ],
+)
+def test_precision_defaults(requested: str | None, device: str, expected: tuple) -> None:
+    assert speed.choose_precision(requested, torch.device(device)) == expected

@@ -74,4 +74,5 @@ def test_local_ranks_get_the_same_variables(flags, env):
     from scalerun.commands.launch import request_from_args
 
     args = build_parser().parse_args(["launch", "--nproc-per-node", "2", *flags, PROBE])
-    assert request_from_args(args).env == env
+    given = request_from_args(args).env
+    assert {k: v for k, v in given.items() if k != "SCALERUN_HANG_TIMEOUT"} == env  # hang: tests/runtime/test_hang.py

@@ -17,7 +17,7 @@ import pytest
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words, pick_runtime
-from scalerun.plan.job import Container, check_mount
+from scalerun.plan.job import Container, check_mount, container_activation
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,10 +70,45 @@ def test_exec_words_keep_bind_order():
     assert exec_words(box) == ["apptainer", "exec", "-B", "/opt/cray", "-B", "/s:/d", "/i/pt.sif"]
 
 
+ACTIVATION = [
+    # (site activation lines, --container-venv, --container-overlay, extra mounts, shell line)
+    ((), None, None, (), None),
+    (("$WITH_CONDA",), None, None, (), '$WITH_CONDA && exec "$@"'),
+    (("$WITH_CONDA",), "/w/my env", None, (),
+     '$WITH_CONDA && source "/w/my env/bin/activate" && exec "$@"'),
+    ((), None, "/p/env.sqsh", ("/p/env.sqsh:/user-software:image-src=/",),
+     'export PATH="/user-software/bin:$PATH" && exec "$@"'),
+]
+
+
+@pytest.mark.parametrize(("site", "venv", "overlay", "mounts", "line"), ACTIVATION)
+def test_activation_runs_before_the_program_which_keeps_its_words(site, venv, overlay, mounts, line):
+    extra, activate = container_activation(site, venv, overlay)
+    box = Container(image="/i/pt.sif", runtime="singularity", mounts=extra, activate=activate)
+    words = exec_words(box)
+    assert extra == mounts and words[: 2 + 2 * len(mounts)] == ["singularity", "exec", *(
+        w for m in mounts for w in ("-B", m))]
+    if line is None:
+        assert words[-1] == "/i/pt.sif"
+    else:  # the program's words follow as the shell's "$@": nothing of theirs is parsed again
+        assert words[-5:] == ["/i/pt.sif", "bash", "-c", line, "bash"]
+
+
+def test_run_lets_the_image_activate_itself():
+    box = Container(image="/i/laifs.sif", runtime="singularity", enter="run")
+    assert exec_words(box) == ["singularity", "run", "/i/laifs.sif"]
+
+
+def test_a_venv_path_that_a_shell_would_read_differently_is_refused():
+    with pytest.raises(LaunchError, match="--container-venv"):
+        container_activation((), '/w/$(rm -rf ~)', None)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         (dict(image="x.sif", runtime="docker"), "not one of singularity, apptainer"),
+        (dict(image="x.sif", runtime="singularity", enter="shell"), "is not one of exec, run"),
         (dict(image="", runtime="singularity"), "needs an image path"),
     ],
 )

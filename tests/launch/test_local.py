@@ -127,7 +127,7 @@ def test_bad_input_is_one_line_without_traceback(tmp_path: Path, argv: list[str]
 
 def test_request_maps_to_torchrun_flags(tmp_path: Path) -> None:
     script = tmp_path / "t.py"
-    script.write_text("")
+    script.write_text("import scalerun\n")
     request = LocalLaunch(script=str(script), script_args=("--x", "1"), nproc_per_node=4,
                           nnodes=2, node_rank=1, master_addr="n1", master_port=29400,
                           ranks_filter=(0,))
@@ -189,6 +189,29 @@ def test_more_ranks_than_gpus_is_refused_before_anything_starts(tmp_path: Path) 
     gloo = subprocess.run([*SCALERUN, "launch", "--nproc-per-node", "2", "--backend", "gloo", str(script)],
                           capture_output=True, text=True, env={**env, "SCALERUN_SYSFS": str(root)})
     assert gloo.returncode == 0 and gloo.stdout.count("started") == 2, gloo.stderr
+
+
+def test_a_script_that_does_not_call_init_starts_through_scalerun_exec(tmp_path: Path) -> None:
+    """torchrun, Accelerate, Lightning and HF scripts get the rank's binding and variables."""
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch.distributed as dist\n")
+    argv = torchrun_argv(LocalLaunch(script=str(plain), script_args=("--x",), nproc_per_node=2))
+    assert argv[argv.index("--no-python"):] == [
+        "--no-python", sys.executable, "-m", "scalerun", "exec", "--bind", "--", sys.executable,
+        "-u", str(plain), "--x"]
+    script = write(tmp_path, "bound.py", """
+        import os, torch.distributed as dist
+        dist.init_process_group("gloo")
+        print("rank", dist.get_rank(), "cpus", sorted(os.sched_getaffinity(0)),
+              "omp", os.environ.get("OMP_NUM_THREADS"), flush=True)
+        dist.destroy_process_group()
+    """)
+    result = run_cli("launch", "--nproc-per-node", "2", "--no-monitor", str(script))
+    assert result.returncode == 0, result.stderr
+    rows = sorted(line.split("rank ", 1)[1] for line in result.stdout.splitlines() if "rank " in line)
+    assert len(rows) == 2 and all("omp 1" in row for row in rows)
+    if len(os.sched_getaffinity(0)) >= 2:  # each rank on its own core, as scalerun.init does
+        assert rows[0].split("cpus ")[1].split(" omp")[0] != rows[1].split("cpus ")[1].split(" omp")[0]
 
 
 def test_invalid_requests_raise_launch_error(tmp_path: Path) -> None:

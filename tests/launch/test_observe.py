@@ -145,7 +145,39 @@ def test_a_run_killed_halfway_still_gives_a_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (("--profile-ranks", "one"), "--profile-ranks 'one' is not a list of ranks"),
     (("--monitor-interval", "0"), "--monitor-interval 0.0 must be a positive number"),
+    (("--debug", "gdb"), "--debug 'gdb' is not one of nccl, miopen, hip, all"),
 ])
 def test_bad_observe_flags_are_one_line(tmp_path: Path, flags, message) -> None:
     done = launch(tmp_path, *flags)
     assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1
+
+
+DEBUG_RANK = """
+    import os, pathlib, shutil, scalerun
+    ctx = scalerun.init()
+    print("debug", *(os.environ.get(name) for name in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+          "MIOPEN_ENABLE_LOGGING", "AMD_LOG_LEVEL")), flush=True)
+    # what NCCL would write where it is told to (this CPU test has no NCCL): a recorded log
+    target = os.environ["NCCL_DEBUG_FILE"].replace("%h", "node").replace("%p", str(os.getpid()))
+    pathlib.Path(target).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(os.environ["RECORDED_LOG"], target)
+    scalerun.shutdown()
+"""
+
+
+def test_debug_switches_reach_every_rank_and_their_logs_are_read_after(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(DEBUG_RANK))
+    recorded = REPO / "tests" / "fixtures" / "nccl_logs" / "course_socket_nmn0.txt"
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--run-dir", str(run),
+         "--debug", "all", "--no-monitor", str(script)], capture_output=True, text=True, cwd=REPO,
+        timeout=180, env={**os.environ, "RECORDED_LOG": str(recorded)})
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("debug ", 1)[1].split() for line in done.stdout.splitlines() if "debug " in line]
+    assert rows == [["INFO", "INIT,NET", "1", "3"]] * 2
+    assert len(list((run / "logs").glob("nccl.node.*.log"))) == 2
+    findings = [line for line in done.stderr.splitlines() if "log(s)" in line or "NCCL/RCCL" in line]
+    assert findings[0].startswith("scalerun launch: NCCL/RCCL logs: 2 file(s)")
+    assert any("TCP sockets" in line and "nmn0" in line for line in findings), findings

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalerun.netconf.caches import cache_settings, create_cache_dirs
-from scalerun.netconf.decide import RankFacts, decide_environment
+from scalerun.netconf.decide import MALLOC_TUNABLES, RankFacts, decide_environment
 from scalerun.netconf.gpu_direct import gdr_setting, parse_version
 from scalerun.topology.model import Nic
 
@@ -88,6 +88,13 @@ def test_single_node_cpu_job_sets_no_interface_or_gpu_variables() -> None:
     assert set(env) == {"OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
 
 
+def test_torch_extensions_are_built_once_per_node_in_slurm_jobs() -> None:
+    """DeepSpeed's and Horovod's JIT ops: per node (a shared home races), kept across jobs."""
+    env = env_of(decide_environment(rank=RankFacts(threads=1), environ={"SLURM_JOB_ID": "7", "USER": "u"}))
+    assert env["TORCH_EXTENSIONS_DIR"][0] == "/tmp/u-scalerun-cache/torch_extensions"
+    assert env["TORCHINDUCTOR_CACHE_DIR"][0] == "/tmp/u-scalerun-cache-7-node0/inductor"
+
+
 def _create(settings, queue) -> None:
     try:
         create_cache_dirs(settings)
@@ -110,3 +117,23 @@ def test_cache_folders_created_once_by_racing_ranks(tmp_path: Path) -> None:
     assert results == ["ok"] * 8
     root = tmp_path / "u-scalerun-cache-5-node0"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["inductor", "miopen", "triton"]
+    assert (tmp_path / "u-scalerun-cache" / "torch_extensions").is_dir()  # kept across jobs
+
+
+@pytest.mark.parametrize(("cpu", "environ", "expected"), [
+    (True, {}, MALLOC_TUNABLES),
+    (False, {}, None),  # a GPU rank's heap does not churn
+    (True, {"MALLOC_ARENA_MAX_": "2"}, None),  # the user tunes malloc: left alone
+    (True, {"SCALERUN_MALLOC": "0"}, None),
+    (True, {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, "glibc.malloc.tcache_count=0"),
+])
+def test_cpu_ranks_get_fixed_malloc_thresholds(cpu, environ, expected) -> None:
+    env = env_of(decide_environment(rank=RankFacts(threads=1, cpu_compute=cpu), environ=environ))
+    assert (env.get("GLIBC_TUNABLES") or (None,))[0] == expected
+
+
+def test_a_running_rank_fixes_its_own_thresholds() -> None:
+    """mallopt in this process (GLIBC_TUNABLES is read only at start-up)."""
+    from scalerun.runtime.malloc import fix_thresholds
+
+    assert fix_thresholds() is (__import__("platform").libc_ver()[0] == "glibc")

@@ -41,7 +41,7 @@ def test_lumi_rank_environment_from_topology_and_site(lumig: Path) -> None:
     assert (out["rank"], out["local_rank"], out["launcher"]) == (9, 1, "slurm")
     assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
     assert env["NCCL_NET_GDR_LEVEL"] == "PHB"  # no ROCm installed here: assume the old default
-    assert env["OMP_NUM_THREADS"] == "7"  # GCD1's CCD minus its reserved core
+    assert env["OMP_NUM_THREADS"] == "4"  # GCD1's CCD minus its reserved core: 7 cores, 3 feed the GPU
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["MIOPEN_USER_DB"] == env["MIOPEN_USER_DB_PATH"] == "/tmp/alice-miopen-cache-1"
 
@@ -66,7 +66,7 @@ def test_init_applies_the_rank_environment(tmp_path: Path) -> None:
         "import json, os, torch, scalerun\n"
         "ctx = scalerun.init()\n"
         "print(json.dumps({'cpus': ctx.bound_cpus, 'omp': os.environ['OMP_NUM_THREADS'],\n"
-        "  'threads': torch.get_num_threads(),\n"
+        "  'threads': torch.get_num_threads(), 'workers': ctx.plan.loader_workers,\n"
         "  'inductor': os.environ.get('TORCHINDUCTOR_CACHE_DIR')}))\n"
     )
     # torch.compile run inside this test process sets TORCHINDUCTOR_CACHE_DIR for itself
@@ -78,7 +78,9 @@ def test_init_applies_the_rank_environment(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     assert out["inductor"] == "/tmp/bob-scalerun-cache-5-node0/inductor"
     assert Path(out["inductor"]).is_dir()
-    assert int(out["omp"]) == out["threads"] == len(out["cpus"]) <= cores
+    # the rank's cores, shared between loader workers and compute threads, never more
+    assert int(out["omp"]) == out["threads"] == max(1, len(out["cpus"]) - out["workers"])
+    assert len(out["cpus"]) <= cores
 
 
 def test_exec_gives_a_plain_program_the_decided_environment() -> None:

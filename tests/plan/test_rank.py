@@ -62,7 +62,8 @@ def test_one_rule_for_reserved_cores(trees, name, site, explicit, expected, why)
 def test_lumi_rank_zero_gets_the_documented_ccd_with_every_cpu_allowed(trees) -> None:
     """The issue's example: init() gave 48-55, exec/env 49-55; the plan has one answer."""
     plan = plan_rank(placed(0, 8), node(trees, "lumig"), load_site("lumi-g"), {})
-    assert plan.binding.cpulist == "49-55" and plan.nic == "hsn0" and plan.threads == 7
+    assert plan.binding.cpulist == "49-55" and plan.nic == "hsn0"
+    assert (plan.threads, plan.loader_workers) == (4, 3)  # 7 cores: 3 feed the GPU, 4 compute
     assert plan.node.srun_cpu_bind == "mask_cpu:" + LUMI["documented"]["mask_cpu_8_ranks"]
 
 
@@ -88,15 +89,17 @@ def test_when_a_rank_applies_its_cpus(trees, allowed, ranks, launcher, environ, 
 
 THREADS = [
     # (fixture, allowed, ranks, launcher, threads, loader workers)
-    ("lumig", LUMI["allowed"], 8, "torchrun", 7, 6),  # its CCD minus the reserved core
-    ("lumig", "49-55", 8, "slurm", 7, 6),  # srun gave it its CCD: all of it
+    ("lumig", LUMI["allowed"], 8, "torchrun", 4, 3),  # its CCD minus the reserved core: 7 cores
+    ("lumig", "49-55", 8, "slurm", 4, 3),  # srun gave it its CCD: all 7 of them
     ("lumig", "0-1", 4, "torchrun", 1, 0),  # 2 cores shared by 4 ranks: at least 1
     ("dense", None, 2, "torchrun", 1, 0),  # 2 cores with 2 threads each, one core per rank
+    ("dense", None, 1, "torchrun", 1, 1),  # a CPU rank with 2 cores: a worker and a thread
+    ("cpu2s", None, 1, "torchrun", 24, 8),  # 32 cores of one NUMA node: workers capped at 8
 ]
 
 
 @pytest.mark.parametrize(("name", "allowed", "ranks", "launcher", "threads", "workers"), THREADS)
-def test_threads_and_loader_workers_follow_the_cpus_a_rank_owns(trees, name, allowed, ranks, launcher,
+def test_threads_and_loader_workers_share_the_cpus_a_rank_owns(trees, name, allowed, ranks, launcher,
                                                                 threads, workers) -> None:
     plan = plan_rank(placed(0, ranks, launcher), node(trees, name, allowed), load_site("lumi-g"), {})
     assert (plan.threads, plan.loader_workers) == (threads, workers)
@@ -213,7 +216,8 @@ def test_the_job_scripts_masks_agree_with_the_ranks_of_a_partial_node(trees) -> 
 def test_scalerun_hyperthreads_gives_ranks_their_sibling_threads(trees) -> None:
     plan = plan_rank(placed(0, 8), node(trees, "lumig"), load_site("lumi-g"),
                      {"SCALERUN_HYPERTHREADS": "1"})
-    assert plan.binding.cpulist == "49-55,113-119" and plan.threads == 14
+    assert plan.binding.cpulist == "49-55,113-119"
+    assert (plan.threads, plan.loader_workers) == (7, 7)  # 14 hardware threads, half to loading
     _, node_plan = plan_this_node(8, sysfs=str(trees.root("lumig")), allowed_cpus=LUMI["allowed"],
                                   site="lumi-g", environ={"SCALERUN_HYPERTHREADS": "1"})
     assert node_plan.binding.hyperthreads and node_plan.srun_cpu_bind == plan.node.srun_cpu_bind

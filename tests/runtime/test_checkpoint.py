@@ -1,12 +1,16 @@
-"""Checkpoints survive a kill -9 mid-save; the pointer and pruning rules hold.
+"""Checkpoints survive a kill -9 mid-save; the pointer and pruning rules hold; a folder
+that cannot be resumed is refused in one line naming the file, never skipped or overwritten.
 
 Resume exactness per strategy and loading at another world size are checked with real
-ranks in test_strategies.py (every strategy's launch saves and loads a checkpoint).
+ranks in test_strategies.py (every strategy's launch saves and loads a checkpoint); the
+save a warned run makes on its own in test_preempt.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +27,16 @@ SAVE_TIMEOUT_S = 120
 
 
 def helper(directory: Path, phase: str) -> subprocess.Popen:
-    """One plain process (no launcher: world size 1) running strategy_ranks.kill_scenario."""
-    env = {**os.environ, "SCALERUN_BIND": "0", "OMP_NUM_THREADS": "1"}
+    """One plain process (no launcher: world size 1): strategy_ranks.kill_scenario, or for
+    phase "signal" the save that SIGUSR1 starts (preempt_ranks.kill_during_signal_save)."""
+    env = {**os.environ, "SCALERUN_BIND": "0", "OMP_NUM_THREADS": "1",
+           "SCALERUN_CHECKPOINT": str(directory)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    program = (["tests.runtime.preempt_ranks", "kill", str(directory)] if phase == "signal"
+               else ["tests.runtime.strategy_ranks", str(directory), phase])
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.runtime.strategy_ranks", str(directory), phase],
+        [sys.executable, "-m", *program],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -42,8 +50,9 @@ def wait_for(path: Path, process: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
-    saving = helper(tmp_path, "save")
+@pytest.mark.parametrize("started_by", ["save", "signal"])  # the script's save, or SIGUSR1's
+def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path, started_by: str) -> None:
+    saving = helper(tmp_path, started_by)
     wait_for(tmp_path / "marker", saving)  # step 4's save is writing its files now
     os.kill(saving.pid, signal.SIGKILL)
     saving.wait(timeout=30)
@@ -126,3 +135,46 @@ def test_a_crash_while_replacing_the_same_step_keeps_the_old_copy(tmp_path) -> N
     _prune(tmp_path, None, tmp_path / step_name(9))
     assert (tmp_path / name / META).is_file()
     assert not (tmp_path / ".tmp-step-00000008").exists()
+
+
+def test_folders_that_cannot_be_resumed_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Truncated, another model's, incomplete for its world size, not scalerun's: each is one
+    line naming the file; and a fresh start never writes into a folder it did not load."""
+    source = helper_run(tmp_path, "source")
+    assert source.returncode == 0, source.stdout
+    good = tmp_path / "good" / "step-00000002"
+    cases = {name: tmp_path / name / good.name for name in
+             ("other_model", "truncated", "missing_rank", "bad_meta")}
+    for folder in cases.values():
+        shutil.copytree(good, folder)
+    model_file = cases["truncated"] / "model.pt"
+    model_file.write_bytes(model_file.read_bytes()[: model_file.stat().st_size // 2])
+    (cases["missing_rank"] / "rank-00000.pt").unlink()
+    (cases["bad_meta"] / "meta.json").write_text('{"format": 1, "step": ')
+
+    done = helper_run(tmp_path, "refusals")
+    assert done.returncode == 0, done.stdout
+    said = json.loads(done.stdout.split("RESULT ", 1)[1])
+    expected = {
+        "other_model": (f"{cases['other_model'] / 'meta.json'}: saved from another model", "this run's model has"),
+        "truncated": (f"{model_file} is truncated", f"remove {cases['truncated']}"),
+        "missing_rank": (f"{cases['missing_rank'] / 'rank-00000.pt'} is missing", "1 rank(s) saved"),
+        "bad_meta": (f"{cases['bad_meta'] / 'meta.json'} is truncated", "not a checkpoint's meta.json"),
+        "fresh_start": (f"{tmp_path / 'good'} holds checkpoint step-00000002, which this run did not "
+                        "resume from", "scalerun.checkpoint.load"),
+    }
+    for case, parts in expected.items():
+        assert said[case] is not None and "\n" not in said[case], (case, said[case])
+        assert all(part in said[case] for part in parts), (case, said[case])
+    assert (tmp_path / "good" / "latest").read_text().strip() == "step-00000002"  # untouched
+    assert not (tmp_path / "good" / "step-00000009").exists()
+
+
+def helper_run(directory: Path, command: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                              "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.runtime.preempt_ranks", command, str(directory)],
+        cwd=REPO, env={**env, "SCALERUN_BIND": "0", "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=SAVE_TIMEOUT_S,
+    )

@@ -75,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps({**plan_json(plan), "exported": exported}, indent=2))
         return 0
+    if plan.membind is not None:  # the policy survives exec, like the affinity
+        from scalerun.membind import prefer_node
+
+        result = prefer_node(plan.membind)
+        if not result.applied and not args.quiet:
+            print(f"scalerun bind: {result.message}", file=sys.stderr)
     if plan.bind:
         apply_affinity(plan.cpus)
     if not args.quiet:

@@ -57,6 +57,7 @@ def plan_json(plan: RankPlan) -> dict[str, Any]:
         "gpu_error": plan.gpu.error,
         "nic": plan.nic,
         "threads": plan.threads,
+        "membind": plan.membind,
         "env": {s.name: s.value for s in shown_settings(plan)},
         "explain": [{"name": s.name, "value": s.value, "source": s.source, "reason": s.reason}
                     for s in shown_settings(plan)],

@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.process import exec_command
@@ -64,6 +65,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "c10d store (PET_RDZV_CONF=is_host=..., true on node 0), so the rendezvous does not "
         "depend on host names matching SLURM's node names",
     )
+    p.add_argument(
+        "--bind",
+        action="store_true",
+        help="also apply the rank's CPU set and memory node, as scalerun.init() would (for "
+        "programs that do not call it, under launchers that do not bind: torchrun)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every variable set")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=run)
@@ -101,19 +108,39 @@ def exported_env(
     return added, kept
 
 
-def decided_env(environ: Mapping[str, str]) -> dict[str, str]:
+def decided_env(environ: Mapping[str, str], *, bind: bool = False) -> dict[str, str]:
     """The rank plan's communication, thread and cache variables (``scalerun env``), so
-    that a program that is not scalerun-aware gets what ``scalerun.init()`` would set.
+    that a program that is not scalerun-aware gets what ``scalerun.init()`` would set;
+    with ``bind`` also its CPU set and memory node, applied to this process (exec keeps
+    them), as ``init()`` would.
 
-    The user's values are never replaced; ``SCALERUN_NETCONF=0`` turns this off.
+    The user's values are never replaced; ``SCALERUN_NETCONF=0`` turns the variables off.
     """
-    if environ.get("SCALERUN_NETCONF", "1") == "0":
-        return {}
     from scalerun.netconf.apply import apply_settings
     from scalerun.this_rank import plan_this_rank
 
     plan = plan_this_rank(environ=environ, tolerate_missing_sysfs=True)
+    if bind:
+        apply_binding(plan)
+    if environ.get("SCALERUN_NETCONF", "1") == "0":
+        return {}
     return apply_settings(plan.environment, {})
+
+
+def apply_binding(plan: Any) -> None:
+    """The plan's CPU set and memory node, where it says to apply them."""
+    if plan.membind is not None:
+        from scalerun.membind import prefer_node
+
+        prefer_node(plan.membind)
+    if plan.bind:
+        from scalerun.affinity import apply_affinity
+        from scalerun.errors import TopologyError
+
+        try:
+            apply_affinity(plan.cpus)
+        except TopologyError as error:  # binding speeds a run up; it never stops one
+            print(f"scalerun exec: CPUs not bound: {error}", file=sys.stderr)
 
 
 def srun_cpu_bind_here(
@@ -191,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise LaunchError("scalerun exec needs a command: scalerun exec -- python train.py")
     added, kept = exported_env(os.environ, args.env, torchrun_agent=args.torchrun_agent)
-    added.update(decided_env({**os.environ, **added}))
+    added.update(decided_env({**os.environ, **added}, bind=args.bind))
     environ = {**os.environ, **added}
     command = profiled(command, environ)
     if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:  # a SLURM task (srun step)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from scalerun.errors import LaunchError
-from scalerun.launch import observe, slurm_cli
+from scalerun.launch import deepspeed_flag, hang, observe, slurm_cli
 from scalerun.launch.local import LocalLaunch, run_local
+from scalerun.plan.deepspeed import rank_env, script_arguments
 from scalerun.plan.gpu import BACKENDS
 
 
@@ -45,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "on CPUs); gloo with more ranks than GPUs is a CPU-only run")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="each rank prints one placement report line at start")
+    deepspeed_flag.add_argument(p)
     slurm_cli.add_arguments(p)
     observe.add_arguments(p)
     p.add_argument("script", help="training script (or module with -m)")
@@ -82,9 +86,10 @@ def _ranks(value: str) -> tuple[int, ...]:
 
 
 def request_from_args(args: argparse.Namespace) -> LocalLaunch:
+    config = deepspeed_flag.resolve_config(args.deepspeed_config) if args.deepspeed_config else None
     return LocalLaunch(
         script=args.script,
-        script_args=tuple(args.script_args),
+        script_args=script_arguments(config, args.script_args),
         nproc_per_node=_nproc(args.nproc_per_node),
         nnodes=args.nnodes,
         node_rank=args.node_rank,
@@ -99,8 +104,22 @@ def request_from_args(args: argparse.Namespace) -> LocalLaunch:
         max_restarts=args.max_restarts,
         backend=args.backend,
         observe=observe.observe_from_args(args, Path(args.script).stem or "run"),
-        env=slurm_cli.binding_env(args),  # --hyperthreads, --membind for every rank's plan
+        # --hyperthreads, --membind for every rank's plan; --deepspeed-config for wrap/doctor
+        env={**slurm_cli.binding_env(args), **rank_env(config), **hang_env(args, os.environ),
+             **slurm_cli.checkpoint_env(args)},  # --checkpoint: where ranks save on a signal
     )
+
+
+def hang_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """``SCALERUN_HANG_TIMEOUT`` for local ranks: ``--hang-timeout``, else the shell's own,
+    else the site's ``[runtime] hang_timeout`` (the site of ``$SCALERUN_SITE``, else local)."""
+    from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
+    from scalerun.sites import load_site, site_name
+
+    if args.hang_timeout is None and HANG_TIMEOUT_VARIABLE in environ:
+        return {}
+    default = load_site(site_name(None, environ)).runtime.hang_timeout
+    return hang.local_rank_env(args.hang_timeout, default, environ)
 
 
 def run(args: argparse.Namespace) -> int:

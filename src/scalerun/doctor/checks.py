@@ -522,6 +522,101 @@ def _smoke_detail(fact: Facts) -> str:
     return f"rank {fact.rank} on {fact.host}, GPU {fact.gpu_pci or fact.gpu_index}: {what}"
 
 
+# ---------------------------------------------------------------------------
+# DeepSpeed's ops
+# ---------------------------------------------------------------------------
+
+
+def check_deepspeed_ops(facts: Sequence[Facts]) -> list[Verdict]:
+    """ds_report's table for the job, and no op the run's config needs is left to be
+    JIT-compiled on every node at start (or cannot be built at all)."""
+    nodes = [f for f in facts if f.deepspeed is not None]
+    if not nodes:
+        return [passed("deepspeed-ops", "DeepSpeed is not installed: no op to check")]
+    out = [_op_table_verdict(nodes)] + _config_read_errors(nodes)
+    if not any(f.deepspeed.needs for f in nodes if f.deepspeed):
+        return out
+    problems = _needed_op_problems(nodes)
+    return out + (problems or [passed("deepspeed-ops", _needed_summary(nodes))])
+
+
+def _op_table_verdict(nodes: Sequence[Facts]) -> Verdict:
+    """The first node's table in four lines (the report shows a verdict's details)."""
+    ds = nodes[0].deepspeed
+    assert ds is not None
+    prebuilt = [op.name for op in ds.ops if op.prebuilt]
+    jit = [op.name + (" (built)" if op.cached else "") for op in ds.ops if not op.prebuilt and op.compatible]
+    broken = [op.name for op in ds.ops if not op.prebuilt and not op.compatible]
+    details = (f"prebuilt: {', '.join(prebuilt) or 'none'}",
+               f"built on first use (JIT, into {ds.extensions_dir}): {', '.join(jit) or 'none'}",
+               f"not compatible here: {', '.join(broken) or 'none'}",
+               f"ninja for JIT builds: {'yes' if ds.ninja else 'MISSING'}")
+    tables = {(f.deepspeed.version, tuple(op.name for op in f.deepspeed.ops if op.prebuilt))
+              for f in nodes if f.deepspeed}
+    if len(tables) > 1:
+        return Verdict(WARN, "deepspeed-ops", "DeepSpeed's version or prebuilt ops differ between nodes",
+                       "use one software environment (the same container or venv) on every node",
+                       details=tuple(f"{f.host}: DeepSpeed {f.deepspeed.version}" for f in nodes if f.deepspeed))
+    return Verdict(PASS, "deepspeed-ops", f"DeepSpeed {ds.version} ({ds.accelerator}): {len(prebuilt)} op(s) "
+                   f"prebuilt, {len(jit)} built on first use, {len(broken)} not compatible", details=details)
+
+
+def _config_read_errors(nodes: Sequence[Facts]) -> list[Verdict]:
+    bad = [f for f in nodes if f.deepspeed and f.deepspeed.error]
+    if not bad:
+        return []
+    return [_verdict(WARN, "deepspeed-ops", "the run's DeepSpeed config cannot be read: its ops are not checked",
+                     "fix the file named by --deepspeed-config / $SCALERUN_DEEPSPEED_CONFIG", bad,
+                     (f"{f.host}: {f.deepspeed.error}" for f in bad if f.deepspeed))]
+
+
+def _needed_op_problems(nodes: Sequence[Facts]) -> list[Verdict]:
+    """FAIL: a needed op cannot be built on a node; WARN: it would be built at start."""
+    cannot: dict[str, list[Facts]] = defaultdict(list)
+    compiles: dict[str, list[Facts]] = defaultdict(list)
+    for fact in nodes:
+        ds = fact.deepspeed
+        assert ds is not None
+        for name in ds.needs:
+            op = ds.op(name)
+            if op is None or (not op.prebuilt and not op.cached and not (op.compatible and ds.ninja)):
+                cannot[name].append(fact)
+            elif not op.prebuilt and not op.cached:
+                compiles[name].append(fact)
+    out = [_verdict(FAIL, "deepspeed-ops", f"the DeepSpeed config needs {name}, which cannot be built on "
+                    f"{len(group)} node(s)", _build_fix(group, name), group,
+                    (_cannot_detail(f, name) for f in group)) for name, group in cannot.items()]
+    out += [_verdict(WARN, "deepspeed-ops", f"{name} would be JIT-compiled on {len(group)} node(s) when training "
+                     "starts (1-2 minutes each; builds into one shared folder race)", _build_fix(group, name), group,
+                     (f"{f.host}: not prebuilt, not in {f.deepspeed.extensions_dir}" for f in group if f.deepspeed))
+            for name, group in compiles.items()]
+    return out
+
+
+def _cannot_detail(fact: Facts, name: str) -> str:
+    ds = fact.deepspeed
+    assert ds is not None
+    op = ds.op(name)
+    if op is None:
+        return f"{fact.host}: DeepSpeed has no {name} op for accelerator {ds.accelerator}"
+    return f"{fact.host}: " + ("ninja is missing" if op.compatible else "ds_report says not compatible")
+
+
+def _build_fix(group: Sequence[Facts], name: str) -> str:
+    ds = group[0].deepspeed
+    op = ds.op(name) if ds else None
+    if op is None:
+        return "change the config's optimizer (e.g. \"torch_adam\": true for Adam), or run on an accelerator that has the op"
+    return (f"prebuild it ({op.build_var}=1 pip install deepspeed, as the course does, or a container with it "
+            f"built), or build it once per node before training: python -c \"from deepspeed.accelerator import "
+            f"get_accelerator; get_accelerator().create_op_builder('{op.builder}').load()\"")
+
+
+def _needed_summary(nodes: Sequence[Facts]) -> str:
+    needs = sorted({name for f in nodes if f.deepspeed for name in f.deepspeed.needs})
+    return f"every op the DeepSpeed config needs is prebuilt or already built on each node: {', '.join(needs)}"
+
+
 CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
     check_devices,
     check_gpu_count,
@@ -533,6 +628,7 @@ CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
     check_versions,
     check_caches,
     check_smoke,
+    check_deepspeed_ops,
 )
 
 

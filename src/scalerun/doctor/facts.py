@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, deepspeed_from_dict
 from scalerun.netconf.caches import CACHE_VARIABLES
 from scalerun.netconf.interfaces import interface_kind
 from scalerun.netconf.plugin import find_plugins
@@ -111,6 +112,9 @@ class Facts:
     caches: tuple[tuple[str, str, bool], ...] = ()
     """(variable, folder, ready) for each JIT cache folder."""
     smoke: Smoke | None = None
+    deepspeed: DeepSpeedFacts | None = None
+    """DeepSpeed's op table on this node and the ops the run's config needs; read on each
+    node's local rank 0 only, None elsewhere and where DeepSpeed is not installed."""
 
     @property
     def cpulist(self) -> str:
@@ -144,6 +148,8 @@ def facts_from_dict(data: Mapping[str, Any]) -> Facts:
         values[key] = tuple(tuple(item) for item in values[key])
     if values.get("smoke") is not None:
         values["smoke"] = Smoke(**values["smoke"])
+    if values.get("deepspeed") is not None:
+        values["deepspeed"] = deepspeed_from_dict(values["deepspeed"])
     return Facts(**values)
 
 
@@ -273,7 +279,8 @@ def locate_gpu(ctx: Context, topology: Topology, plan: RankPlan, simulated: bool
 
 def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: RankGpu,
                  simulated: bool, smoke: Smoke | None,
-                 environ: Mapping[str, str] | None = None) -> Facts:
+                 environ: Mapping[str, str] | None = None,
+                 deepspeed: DeepSpeedFacts | None = None) -> Facts:
     """This rank's facts, after ``scalerun.init`` (which may have bound its CPUs); what
     scalerun would do comes from the rank plan, never from a plan of the doctor's own."""
     env = os.environ if environ is None else environ
@@ -293,5 +300,5 @@ def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: 
         **network_facts(topology, plan, env),
         environment=tuple((s.name, s.value, s.source) for s in plan.environment),
         versions=library_versions(), job={k: env[k] for k in JOB_VARIABLES if k in env},
-        caches=cache_states(plan.environment), smoke=smoke,
+        caches=cache_states(plan.environment), smoke=smoke, deepspeed=deepspeed,
     )

@@ -58,6 +58,10 @@ class DoctorOptions:
     """World size the caller asked for (local ``--nproc-per-node``); None: not known."""
     json: bool = False
     """Print the report as JSON instead of tables."""
+    quick: bool = False
+    """The check a job runs before training (``scalerun launch --check``): placement, GPU,
+    CPUs, NUMA, interface, versions, barrier and one small all-reduce; no bandwidth sweep,
+    no GPU smoke test, no bisection."""
     result_file: str | None = None
     """Rank 0 writes the JSON report here and every rank exits 0 (for a parent process)."""
 
@@ -104,6 +108,8 @@ def add_check_arguments(parser: argparse.ArgumentParser, *, with_site: bool) -> 
     group.add_argument("--iters", type=int, default=10, help="timed all-reduces per size (default 10)")
     group.add_argument("--warmup", type=int, default=2, help="untimed all-reduces per size (default 2)")
     group.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth sweep")
+    group.add_argument("--quick", action="store_true",
+                       help="the short check a job runs first: no sweep, no GPU smoke test, no bisection")
     group.add_argument("--sysfs", default="/", metavar="ROOT",
                        help="read the node from this sysfs tree (a fixture) instead of /")
     group.add_argument("--bisect", action="store_true",
@@ -127,7 +133,8 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         max_bytes=parse_size(args.max_bytes),
         iters=args.iters,
         warmup=args.warmup,
-        bandwidth=not args.no_bandwidth,
+        bandwidth=not args.no_bandwidth and not args.quick,
+        quick=args.quick,
         sysfs=args.sysfs,
         site=getattr(args, "site", None),
         bisect=args.bisect,
@@ -149,7 +156,8 @@ def to_argv(options: DoctorOptions) -> list[str]:
         f"--probe-bytes={format_size(options.probe_bytes)}",
         f"--probe-timeout={options.probe_timeout_s:g}",
     ]
-    flags = {"--json": options.json, "--no-bandwidth": not options.bandwidth, "--bisect": options.bisect}
+    flags = {"--json": options.json, "--no-bandwidth": not options.bandwidth, "--bisect": options.bisect,
+             "--quick": options.quick}
     argv += [flag for flag, wanted in flags.items() if wanted]
     values = {"--site": options.site, "--min-busbw": options.min_busbw,
               "--expect-world": options.expect_world, "--result-file": options.result_file}

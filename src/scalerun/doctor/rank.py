@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalerun.doctor import checks, collectives
 from scalerun.doctor.bisect import Bisection, find_bad_nodes
+from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, read_deepspeed
 from scalerun.doctor.facts import Facts, gather_facts, locate_gpu, nccl_log_path
 from scalerun.doctor.gpu import smoke_test
 from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args
@@ -142,7 +143,8 @@ def examine(ctx: Context, options: DoctorOptions, notes: list[str], before_init:
     verdict = checks.barrier_verdict(barrier, stage.hosts, options.timeout_s)
     if not barrier.ok:
         return Report(world_size=ctx.world_size, verdicts=(verdict,), barrier=barrier, site=stage.site_name)
-    facts = collectives.gather(gather_facts(ctx=ctx, **local, smoke=smoke_test(ctx.device)), control)
+    facts = collectives.gather(gather_facts(ctx=ctx, **local, smoke=None if options.quick else smoke_test(ctx.device),
+                                            deepspeed=node_deepspeed(ctx)), control)
     try:
         return check_collectives(stage, facts, barrier, verdict)
     except RuntimeError as error:  # a rank died or a group broke: report what is known
@@ -174,6 +176,13 @@ def prepare_node(ctx: Context, options: DoctorOptions, before_init: dict[str, st
         create_cache_dirs(list(plan.environment))
     rank_gpu = locate_gpu(ctx, topology, plan, simulated)
     return {"topology": topology, "plan": plan, "rank_gpu": rank_gpu, "simulated": simulated}
+
+
+def node_deepspeed(ctx: Context) -> DeepSpeedFacts | None:
+    """DeepSpeed's op table, read once per node (local rank 0): ops are built per node.
+    Read after ``init`` applied its decisions, so ``TORCH_EXTENSIONS_DIR`` is the one
+    training will use."""
+    return read_deepspeed(os.environ) if ctx.local_rank == 0 else None
 
 
 def check_collectives(stage: Stage, facts: list[Facts], barrier: Any, barrier_verdict: Any) -> Report:
@@ -209,7 +218,7 @@ def search_bad_nodes(stage: Stage, facts: list[Facts], healthy: bool,
     node_of = checks.node_labels(facts)
     nodes = list(dict.fromkeys(node_of[f.rank] for f in sorted(facts, key=lambda f: (f.node_rank, f.rank))))
     slow = bool(options.min_busbw and rows and rows[-1].busbw_gbs < options.min_busbw)
-    if len(nodes) < 2 or not (options.bisect or slow or not healthy):
+    if options.quick or len(nodes) < 2 or not (options.bisect or slow or not healthy):
         return None
 
     def probe(sets: list[tuple[str, ...]]) -> list[bool]:

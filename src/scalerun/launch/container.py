@@ -47,8 +47,17 @@ def pick_runtime(
 
 
 def exec_words(container: Container) -> list[str]:
-    """``singularity exec -B SRC ... IMAGE``: put the rank's command after these words."""
-    words = [container.runtime, "exec"]
+    """``singularity exec -B SRC ... IMAGE``: put the rank's command after these words.
+
+    With activation lines the command starts from a shell inside the image that ran them
+    first: ``bash -c 'LINES && exec "$@"' bash COMMAND ARGS``. The command and its
+    arguments arrive as that shell's positional parameters, so no word of theirs is
+    ever parsed again (the course's ``bash -c "... python ..."`` needed hand escaping).
+    """
+    words = [container.runtime, container.enter]
     for mount in container.mounts:
         words += ["-B", mount]
-    return words + [container.image]
+    words.append(container.image)
+    if container.activate:
+        words += ["bash", "-c", " && ".join([*container.activate, 'exec "$@"']), "bash"]
+    return words

@@ -13,19 +13,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.launch import tail
 from scalerun.launch.observe import Observe, prepare_run_dir, start_sampler, stop_sampler
 from scalerun.redact import redact_words, secret_values
 
 RANK_PREFIX = "[rank${rank}]: "
+OWN_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +117,7 @@ def torchrun_argv(request: LocalLaunch) -> list[str]:
         argv.append("--tee=3")
     if request.ranks_filter:
         argv.append("--local-ranks-filter=" + ",".join(map(str, request.ranks_filter)))
-    if request.observe is not None and request.observe.command_profiler:
+    if (request.observe is not None and request.observe.command_profiler) or not calls_init(request):
         return [*argv, "--no-python", *exec_wrapped(request)]
     if request.module:
         argv.append("--module")
@@ -123,12 +127,39 @@ def torchrun_argv(request: LocalLaunch) -> list[str]:
 
 
 def exec_wrapped(request: LocalLaunch) -> list[str]:
-    """The rank's command behind ``scalerun exec`` (as torchrun would have run it)."""
+    """The rank's command behind ``scalerun exec --bind`` (as torchrun would have run it):
+    its CPU set, memory node and variables, for programs that do not call scalerun.init."""
     if request.no_python:
         target = [request.script]
     else:
         target = [sys.executable, "-u", *(["-m"] if request.module else []), request.script]
-    return [sys.executable, "-m", "scalerun", "exec", "--", *target, *request.script_args]
+    return [sys.executable, "-m", "scalerun", "exec", "--bind", "--", *target, *request.script_args]
+
+
+SCALERUN_IMPORT = re.compile(r"^\s*(import scalerun|from scalerun[\s.])", re.MULTILINE)
+
+
+def calls_init(request: LocalLaunch) -> bool:
+    """Whether the ranks' program sets itself up with ``scalerun.init()`` (it imports
+    scalerun); if not (a torchrun, Accelerate, Lightning or HF script, an executable), each
+    rank starts through ``scalerun exec --bind`` to get the same binding and variables."""
+    if request.no_python:
+        return False
+    path = Path(request.script)
+    if request.module:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(request.script)
+        except (ImportError, ValueError):
+            return False
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return False
+        path = Path(spec.origin)
+    try:
+        return bool(SCALERUN_IMPORT.search(path.read_text(errors="replace")[:200_000]))
+    except OSError:
+        return False
 
 
 def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str, str]:
@@ -165,25 +196,40 @@ def _observed(request: LocalLaunch) -> int:
                               "script_args": list(request.script_args)})
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
     sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
-    code, failure = 1, None
+    code, failure, start = 1, None, time.time()
     try:
         code, failure = _run(request)
     finally:
         stop_sampler(sampler)
         for line in closing_summary(observe.run_dir):
             print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        if failure:  # last, where a user looks first
-            print(failure, file=sys.stderr, flush=True)
+        for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
+            print(line, file=sys.stderr, flush=True)
     return code
+
+
+def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
+    """The closing error: when the ranks' hang watchdogs ended the run, the two lines of
+    the hang (which ranks waited in a collective, which did not, where the stacks are)
+    instead of "rank R failed with exit code 124"; else the failed ranks."""
+    from scalerun.launch.hang import hang_lines
+    from scalerun.runtime.hang import HANG_EXIT_CODE
+
+    hang = hang_lines(run_dir, since) if failure and code == HANG_EXIT_CODE else []
+    if hang:
+        return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
+    return [failure] if failure else []
 
 
 def closing_summary(run_dir: Path) -> list[str]:
     """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
+    from scalerun.launch.debug import findings
+
     try:
         from scalerun.report import summary_lines
     except ImportError:
-        return [f"report: scalerun report {run_dir}"]
-    return [*summary_lines(run_dir), f"report: scalerun report {run_dir}"]
+        return [*findings(run_dir), f"report: scalerun report {run_dir}"]
+    return [*summary_lines(run_dir), *findings(run_dir), f"report: scalerun report {run_dir}"]
 
 
 def _run(request: LocalLaunch) -> tuple[int, str | None]:
@@ -195,6 +241,7 @@ def _run(request: LocalLaunch) -> tuple[int, str | None]:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = torchrun.parse_args(torchrun_argv(request))
+    tail.install()  # [rankN]: lines stay whole when ranks print at once
     if request.verbose:
         shown = redact_words(torchrun_argv(request), secret_values(os.environ))
         print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
@@ -236,6 +283,11 @@ def run_agent(args: argparse.Namespace) -> None:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
+    if args.max_restarts and OWN_STORE_VARIABLE not in os.environ:
+        # torch issue 135712: workers that share the rendezvous store read the addresses of
+        # the previous attempt after a restart (gloo: "Connection refused", 3 runs in 4
+        # here); each attempt's rank 0 then hosts a store of its own
+        os.environ[OWN_STORE_VARIABLE] = "1"
     placeholder = "OMP_NUM_THREADS" not in os.environ
     if placeholder:  # torchrun sets (and logs) its default only where the variable is unset
         os.environ["OMP_NUM_THREADS"] = "1"

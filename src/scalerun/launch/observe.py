@@ -22,6 +22,7 @@ from typing import Any
 from scalerun import profile
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
+from scalerun.launch.debug import debug_env, parse_kinds
 from scalerun.redact import redact_data, secret_values
 from scalerun.rundir import (
     RUN_DIR_VARIABLE,
@@ -49,6 +50,8 @@ class Observe:
     """None, ``rank0`` or ``all``."""
     monitor: bool = True
     monitor_interval: float = 1.0
+    debug: tuple[str, ...] = ()
+    """Library logs to switch on in every rank (``--debug``): nccl, miopen, hip."""
 
     def __post_init__(self) -> None:
         if self.profile_ranks is not None:
@@ -71,7 +74,7 @@ class Observe:
             env[TENSORBOARD_VARIABLE] = self.tensorboard
         env[MONITOR_VARIABLE] = "1" if self.monitor else "0"
         env[MONITOR_INTERVAL_VARIABLE] = f"{self.monitor_interval:g}"
-        return env
+        return env | debug_env(self.debug, self.run_dir)
 
 
 def add_run_dir_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -91,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "prefix such as 'nsys profile' or 'rocprof --hip-trace --stats'")
     group.add_argument("--tensorboard", nargs="?", const="rank0", choices=("rank0", "all"),
                        help="also write TensorBoard events (rank 0's, or all ranks')")
+    group.add_argument("--debug", action="append", metavar="nccl|miopen|hip|all",
+                       help="switch on these libraries' logs in every rank (NCCL's go to "
+                       "RUN_DIR/logs/; what they say is printed after the job); repeatable")
     group.add_argument("--no-monitor", action="store_true",
                        help="do not sample GPUs and CPUs on each node")
     group.add_argument("--monitor-interval", type=float, default=1.0, metavar="S",
@@ -101,7 +107,7 @@ def observe_from_args(args: argparse.Namespace, name: str) -> Observe:
     run_dir = args.run_dir.resolve() if args.run_dir else default_run_dir(name)
     return Observe(run_dir=run_dir, profile_ranks=args.profile_ranks, profiler=args.profiler,
                    tensorboard=args.tensorboard, monitor=not args.no_monitor,
-                   monitor_interval=args.monitor_interval)
+                   monitor_interval=args.monitor_interval, debug=parse_kinds(args.debug))
 
 
 def prepare_run_dir(observe: Observe, what: Mapping[str, Any]) -> None:

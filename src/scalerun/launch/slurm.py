@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
@@ -37,14 +37,21 @@ class ShellRef:
 
     name: str
     when_set: str | None = None
+    joined_to: str | None = None
+    """With ``joined_to``, the word is that fixed text, then ``,`` + the value when it is
+    set: ``"--cpu-bind=verbose${CPU_BIND:+,${CPU_BIND}}"``."""
 
 
 Word = str | ShellRef
+FIXED_TEXT = re.compile(r"[A-Za-z0-9_=,:.-]+")
 
 
 def shell_quote(word: Word) -> str:
     """Quote one word for bash: user text stays literal, references expand at run time."""
     if isinstance(word, ShellRef):
+        if word.joined_to is not None:
+            assert FIXED_TEXT.fullmatch(word.joined_to), word.joined_to  # scalerun's own text
+            return f'"{word.joined_to}${{{word.name}:+,${{{word.name}}}}}"'
         if word.when_set is not None:
             return f'${{{word.name}:+{shlex.quote(word.when_set)}"${{{word.name}}}"}}'
         return f'"${{{word.name}}}"'
@@ -119,6 +126,7 @@ def program_words(job: SlurmJob) -> list[Word]:
         ShellRef("SLURM_JOB_ID"),
         "--rdzv-endpoint",
         ShellRef("RDZV_ENDPOINT"),
+        *([f"--max-restarts={job.max_restarts}"] if job.max_restarts else []),
         *torchrun_target,
         *job.script_args,
     ]
@@ -148,23 +156,41 @@ def srun_option_words(job: SlurmJob) -> list[str]:
 
 
 def cpu_bind_words(job: SlurmJob) -> list[Word]:
-    """srun's ``--cpu-bind``: as given, else the plan the script computed (when it could)."""
+    """srun's ``--cpu-bind``: as given, else the plan the script computed (when it could);
+    always verbose, so that the job log shows SLURM's view of each task's CPUs beside
+    scalerun's (the course's ``--cpu-bind=v,mask_cpu:...``)."""
     if job.cpu_bind:
-        return [f"--cpu-bind={job.cpu_bind}"]
+        given = job.cpu_bind.split(",")
+        return [f"--cpu-bind={job.cpu_bind}" if {"v", "verbose"} & set(given) else
+                f"--cpu-bind=verbose,{job.cpu_bind}"]
     if job.mode == "srun":
-        return [ShellRef("CPU_BIND", when_set="--cpu-bind=")]
-    return []
+        return [ShellRef("CPU_BIND", joined_to="--cpu-bind=verbose")]
+    return ["--cpu-bind=verbose"]
 
 
 def srun_groups(job: SlurmJob) -> list[list[Word]]:
     """The srun command in readable groups: srun, each option, wrapper, container, program."""
     options: list[Word] = [*srun_option_words(job), *cpu_bind_words(job)]
     groups: list[list[Word]] = [["srun"]] + [[option] for option in options]
+    if warned(job):
+        groups.append(list(IGNORE_WARNING))
     groups.append(exec_wrapper_words(job))
     if job.container:
         groups.append(list(exec_words(job.container)))
     groups.append(program_words(job))
     return groups
+
+
+IGNORE_WARNING = ("bash", "-c", 'trap "" USR1; exec "$@"', "ignore-usr1")
+"""Each task starts with SIGUSR1 ignored, which exec and fork keep: srun hands the warning
+to every process of the step, and torchrun's agent, data-loader workers, the node sampler
+and programs that do not listen for it would die of it; scalerun ranks (and programs
+that do listen) install their own handler."""
+
+
+def warned(job: SlurmJob) -> bool:
+    """True when SLURM warns the job script before its time limit (``--signal-before``)."""
+    return job.preemption is not None and job.preemption.signal_before_s is not None
 
 
 def srun_command(job: SlurmJob) -> list[Word]:
@@ -179,6 +205,7 @@ def render_sbatch(job: SlurmJob) -> str:
     sections = [
         _header(job),
         _environment(job),
+        _warning_trap(job),
         _setup(job),
         _launch(job),
     ]
@@ -200,6 +227,9 @@ def _header(job: SlurmJob) -> str:
     extra = job.resources.extra_directives()
     if extra:
         lines += ["# --- extra options (--sbatch-arg, site) ---", *extra]
+    if job.preemption is not None:
+        lines += ["# --- before the time limit (--signal-before, --requeue) ---",
+                  *job.preemption.directives()]
     return "\n".join(lines)
 
 
@@ -216,6 +246,7 @@ def _environment(job: SlurmJob) -> str:
         lines += ["", "# --- software modules ---"]
         lines += [f"module use {shell_quote(folder)}" for folder in module_use]
         lines += [f"module load {shell_quote(module)}" for module in modules]
+    lines += _container_modules(job)
     if job.site_env:
         lines += ["", f"# --- site {job.site} environment (kept when already set) ---"]
         for name, value in job.site_env:
@@ -227,6 +258,24 @@ def _environment(job: SlurmJob) -> str:
             lines += _secret_lines(name) if is_secret_name(name) else [
                 f"export {name}={shell_template(value)}"]
     return "\n".join(lines)
+
+
+def _container_modules(job: SlurmJob) -> list[str]:
+    """The site's container modules, with the mounts written out as their fallback: the
+    module knows what this system's images need; the list may be out of date."""
+    if not job.container or not job.container_modules:
+        return []
+    variable = f"{job.container.runtime.upper()}_BIND"
+    fallback = ",".join(job.fallback_mounts)
+    lines = ["", "# --- container bindings: the site's module, else its mounts written out ---"]
+    lines += [f"module use {shell_quote(folder)}" for folder in job.container_module_use]
+    for module in job.container_modules:
+        lines += [f"if ! module load {shell_quote(module)}; then",
+                  f"    echo {shell_quote(f'scalerun: module {module} is missing: binding the site mounts instead')} >&2"]
+        if fallback:
+            lines.append(f'    export {variable}="${{{variable}:+${{{variable}}},}}"{shell_quote(fallback)}')
+        lines.append("fi")
+    return lines
 
 
 def _secret_lines(name: str) -> list[str]:
@@ -297,6 +346,7 @@ def _launch(job: SlurmJob) -> str:
             f"CPU_BIND=$({' '.join(shell_quote(word) for word in planner)})",
             "",
         ]
+    lines += _check_step(job)
     ranks = res.nodes * job.nproc_per_node
     how = {
         "srun": "one task per GPU; scalerun exec gives each rank RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...",
@@ -307,8 +357,89 @@ def _launch(job: SlurmJob) -> str:
         f"# {how}",
     ]
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(job)]
-    lines.append(" \\\n    ".join(rendered))
+    lines += _training_step(job, " \\\n    ".join(rendered))
     return "\n".join(lines)
+
+
+def _warning_trap(job: SlurmJob) -> str:
+    """From its first command on, the script hears SLURM's warning (without a trap bash
+    would die of it) and, while the training step runs, passes it on to srun, which
+    signals every process of the step (SLURM 22.05+, with either process tracker)."""
+    if not warned(job):
+        return ""
+    assert job.preemption is not None
+    seconds = job.preemption.signal_before_s
+    return "\n".join([
+        f"# --- the warning: SLURM sends USR1 to this script {seconds} s before the time limit;",
+        "# the ranks finish their step, all save a checkpoint, and rank 0 writes STOPPED",
+        "# (scalerun.runtime.preempt) ---",
+        f"STOPPED={shell_quote(job.preemption.stopped_file)}",
+        'rm -f "$STOPPED"',
+        "step=''",
+        "signalled=0",
+        "forward_warning() {",
+        "    signalled=1",
+        '    if [[ -n $step ]]; then kill -USR1 "$step" 2>/dev/null || true; fi',
+        "}",
+        "trap forward_warning USR1",
+    ])
+
+
+def _training_step(job: SlurmJob, command: str) -> list[str]:
+    """The srun command; with the warning, run in the background (bash runs a trap only
+    between commands, and a wait cut short by one returns 128+10), then requeued or
+    ended cleanly when the ranks stopped with a checkpoint."""
+    if not warned(job):
+        return [command]
+    assert job.preemption is not None
+    lines = [
+        f"{command} &",
+        "step=$!",
+        "while :; do",
+        "    signalled=0 code=0",
+        '    wait "$step" || code=$?',
+        "    (( signalled && code > 128 )) || break  # the trap interrupted the wait: wait again",
+        "done",
+        "if [[ -f $STOPPED ]]; then",
+    ]
+    if job.preemption.requeue:
+        lines += [
+            "    # --- requeue: this job starts again, and its ranks resume from the checkpoint ---",
+            '    echo "scalerun: saved $(<"$STOPPED"); job ${SLURM_JOB_ID} requeues itself '
+            '(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"',
+            '    scontrol requeue "$SLURM_JOB_ID"  # SLURM ends this script here',
+        ]
+    else:
+        lines.append(
+            '    echo "scalerun: job ${SLURM_JOB_ID} stopped cleanly before its time limit; '
+            'checkpoint $(<"$STOPPED"); submit this script again to continue"'
+        )
+    return lines + ["    exit 0", "fi", 'exit "$code"']
+
+
+CHECK_ARGS = ("--quick", "--timeout=60")
+"""What the job's first step runs on every rank: the short doctor (see doctor.options)."""
+
+
+def _check_step(job: SlurmJob) -> list[str]:
+    """The doctor's short check as the job's first step, started exactly like the training
+    (same srun options, binding, container and mode) so that it sees what training will;
+    a FAIL (non-zero exit) ends the job here. It runs unprofiled and unsampled."""
+    if not job.check:
+        return []
+    site = (f"--site={job.site}",) if job.site else ()
+    check = replace(job, script="scalerun.doctor.rank", entry="module",
+                    script_args=(*CHECK_ARGS, *site))
+    rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(check)]
+    return [
+        "# --- check every rank first (scalerun doctor --quick); a FAIL ends the job here ---",
+        "(",
+        "    unset SCALERUN_PROFILE_RANKS SCALERUN_PROFILER",
+        "    export SCALERUN_MONITOR=0",
+        "    " + " \\\n        ".join(rendered),
+        ")",
+        "",
+    ]
 
 
 def job_rendezvous(environ: Mapping[str, str]) -> str:

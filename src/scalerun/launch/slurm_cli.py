@@ -16,14 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from scalerun import rundir
 from scalerun.errors import LaunchError
-from scalerun.launch import slurm_submit
+from scalerun.launch import hang, slurm_submit
 from scalerun.launch.container import pick_runtime
+from scalerun.launch.debug import findings, parse_kinds
 from scalerun.launch.observe import Observe
 from scalerun.launch.slurm import check_secrets_exported, render_sbatch, secret_handoff
 from scalerun.plan.job import MODES, LaunchRequest, SlurmJob, parse_env_pairs, plan_job
@@ -51,6 +53,11 @@ SLURM_DESTS = (
     "setup",
     "container",
     "mount",
+    "container_venv",
+    "container_overlay",
+    "signal_before",
+    "no_signal",
+    "requeue",
     "container_runtime",
     "job_name",
     "dry_run",
@@ -108,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shell command to run before the launch (repeatable)",
     )
     job.add_argument(
+        "--check", action=argparse.BooleanOptionalAction, default=None,
+        help="first check every rank (scalerun doctor --quick: placement, GPU, CPUs, network, "
+        "one all-reduce); a FAIL ends the job before training (default: on)",
+    )
+    job.add_argument(
         "--cpu-bind", help="srun --cpu-bind value, e.g. none (default: scalerun's plan)"
     )
     job.add_argument(
@@ -120,6 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="follow the job to its end and return its exit code",
     )
     add_binding_arguments(parser)
+    add_time_limit_arguments(parser)
+    hang.add_arguments(parser)
     box = parser.add_argument_group("containers")
     box.add_argument(
         "--container",
@@ -131,6 +145,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SRC[:DST]",
         help="extra host path mounted into the container, singularity -B (repeatable)",
+    )
+    box.add_argument(
+        "--container-venv", metavar="PATH",
+        help="a virtual environment inside the image, activated before the script",
+    )
+    box.add_argument(
+        "--container-overlay", metavar="FILE.sqsh",
+        help="your software as a squashfs, mounted at /user-software (its bin on PATH)",
     )
     box.add_argument(
         "--container-runtime",
@@ -152,6 +174,38 @@ def add_binding_arguments(parser: argparse.ArgumentParser) -> None:
         help="each rank's memory prefers its CPUs' NUMA node (default: when those CPUs are on "
         "one node of several); --no-membind: never",
     )
+
+
+def add_time_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where checkpoints go (every launch), and what a SLURM job does before its time limit."""
+    end = parser.add_argument_group("checkpoints and the time limit")
+    end.add_argument(
+        "--checkpoint", metavar="DIR",
+        help="the run's checkpoint folder (SCALERUN_CHECKPOINT in every rank): ranks save there "
+        "when warned or terminated, and scripts resume from it with scalerun.checkpoint.load",
+    )
+    end.add_argument(
+        "--signal-before", type=int, metavar="S",
+        help="SLURM warns the job S seconds before its time limit; every rank finishes its step "
+        "and saves to --checkpoint (default: the site's, else 120)",
+    )
+    end.add_argument(
+        "--no-signal", action="store_true", default=None,
+        help="no warning: the job ends at its time limit",
+    )
+    end.add_argument(
+        "--requeue", action=argparse.BooleanOptionalAction, default=None,
+        help="after the ranks saved on the warning, the job requeues itself and resumes "
+        "(default: the site's, else off: the job ends with exit code 0)",
+    )
+
+
+def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
+    """``--checkpoint`` as the variable every rank reads, absolute (ranks may start elsewhere)."""
+    from scalerun.runtime.preempt import CHECKPOINT_VARIABLE
+
+    folder = getattr(args, "checkpoint", None)
+    return {CHECKPOINT_VARIABLE: str(Path(folder).resolve())} if folder else {}
 
 
 def binding_env(args: argparse.Namespace) -> dict[str, str]:
@@ -219,13 +273,30 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_
         modules=tuple(args.load_module or ()), setup=tuple(args.setup or ()),
         cpu_bind=args.cpu_bind, container=args.container,
         container_mounts=tuple(args.mount or ()), container_runtime=args.container_runtime,
+        container_venv=args.container_venv, container_overlay=args.container_overlay,
+        check=args.check is not False and args.script != "scalerun.doctor.rank",
         verbose=bool(getattr(args, "verbose", False)),
         hyperthreads=bool(getattr(args, "hyperthreads", None)),
         membind=getattr(args, "membind", None),
+        hang_timeout=getattr(args, "hang_timeout", None),
+        max_restarts=getattr(args, "max_restarts", 0) or 0,
+        deepspeed_config=_deepspeed_config(args),
+        checkpoint=next(iter(checkpoint_env(args).values()), None),
+        signal_before=getattr(args, "signal_before", None),
+        no_signal=bool(getattr(args, "no_signal", None)),
+        requeue=getattr(args, "requeue", None),
         observe_env=tuple(_observe(args, run_dir).rank_env().items()),
         command_line=tuple(redact_words(["scalerun", *sys.argv[1:]], secret_values(environ)))
         if sys.argv else (),
     )
+
+
+def _deepspeed_config(args: argparse.Namespace) -> str | None:
+    """``--deepspeed-config``, read and made absolute (launch's flag; None elsewhere)."""
+    from scalerun.launch.deepspeed_flag import resolve_config
+
+    given = getattr(args, "deepspeed_config", None)
+    return resolve_config(given) if given else None
 
 
 def _observe(args: argparse.Namespace, run_dir: Path) -> Observe:
@@ -234,7 +305,8 @@ def _observe(args: argparse.Namespace, run_dir: Path) -> Observe:
                    profiler=getattr(args, "profiler", "torch"),
                    tensorboard=getattr(args, "tensorboard", None),
                    monitor=not getattr(args, "no_monitor", False),
-                   monitor_interval=getattr(args, "monitor_interval", 1.0))
+                   monitor_interval=getattr(args, "monitor_interval", 1.0),
+                   debug=parse_kinds(getattr(args, "debug", None)))
 
 
 def job_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_dir: Path) -> SlurmJob:
@@ -283,10 +355,15 @@ def _run_inside(job: SlurmJob, script: Path, env: Mapping[str, str]) -> int:
         f"scalerun launch: inside job {env['SLURM_JOB_ID']}: {_summary(job)}; running {script}",
         flush=True,
     )
+    started = time.time()
     code, stderr = slurm_submit.run_in_allocation(script, env)
+    for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
+        print(f"scalerun launch: {line}", flush=True)
     if code:
-        why = slurm_submit.failure_summary(stderr)
+        why, *more = slurm_submit.failure_lines(stderr, script.parent, started)
         print(f"scalerun launch: step failed (exit code {code}): {why}", file=sys.stderr)
+        for line in more:
+            print(f"scalerun launch: {line}", file=sys.stderr)
     return code
 
 
@@ -297,6 +374,7 @@ def _log_path(pattern: str, job_id: str, job_name: str) -> Path:
 def _submit(job: SlurmJob, script: Path, env: Mapping[str, str], wait: bool) -> int:
     """Submit; with ``wait``, follow the job and return its exit code, naming failed ranks."""
     res = job.resources
+    submitted = time.time()
     job_id = slurm_submit.submit(script, env)
     log = _log_path(res.output or "", job_id, res.job_name)
     print(
@@ -306,12 +384,16 @@ def _submit(job: SlurmJob, script: Path, env: Mapping[str, str], wait: bool) -> 
     if not wait:
         return 0
     end = slurm_submit.follow(job_id, log, env)
+    for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
+        print(f"scalerun launch: {line}", flush=True)
     if end.state != "COMPLETED":
         logs = [log] + ([_log_path(res.error, job_id, res.job_name)] if res.error else [])
         text = "".join(path.read_text(errors="replace") for path in logs if path.is_file())
-        why = slurm_submit.failure_summary(text)
+        why, *more = slurm_submit.failure_lines(text, script.parent, submitted)
         print(
             f"scalerun launch: job {job_id} {end.state} (exit code {end.exit_code}): {why}; log {log}",
             file=sys.stderr,
         )
+        for line in more:  # the hang's stack files
+            print(f"scalerun launch: {line}", file=sys.stderr)
     return end.exit_code

@@ -198,3 +198,12 @@ def _torchrun_failures(log_text: str) -> list[RankFailure]:
 def failure_summary(log_text: str) -> str:
     failures = failed_ranks(log_text)
     return "; ".join(str(failure) for failure in failures[:4]) or "no rank reported a failure"
+
+
+def failure_lines(log_text: str, run_dir: Path, since: float | None = None) -> list[str]:
+    """Why a job failed, in one or two lines: when the ranks' hang watchdogs ended it, what
+    their stack files in ``run_dir`` say (written at or after ``since``, the submission),
+    which names the ranks that were not in a collective; else the failed ranks of the log."""
+    from scalerun.launch.hang import hang_lines
+
+    return hang_lines(run_dir, since) or [failure_summary(log_text)]

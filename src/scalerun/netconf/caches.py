@@ -1,4 +1,4 @@
-"""Per-node JIT caches on node-local storage: MIOpen, Triton, TorchInductor.
+"""Per-node JIT caches on node-local storage: MIOpen, Triton, TorchInductor, torch extensions.
 
 MIOpen keeps compiled kernels in an SQLite database under ``$HOME`` by default; many ranks
 on a shared file system then lock each other out or corrupt it. The course puts one
@@ -23,15 +23,25 @@ CACHE_VARIABLES = (
     ("MIOPEN_CUSTOM_CACHE_DIR", "miopen", "MIOpen's compiled-kernel cache"),
     ("TRITON_CACHE_DIR", "triton", "Triton's compiled kernels (torch.compile)"),
     ("TORCHINDUCTOR_CACHE_DIR", "inductor", "TorchInductor's generated code"),
+    ("TORCH_EXTENSIONS_DIR", "torch_extensions",
+     "ops DeepSpeed and Horovod compile at run time (on a shared home, ranks race to build them)"),
 )
+KEPT_ACROSS_JOBS = frozenset({"TORCH_EXTENSIONS_DIR"})
+"""Built once per node and reused by the next job there: a build takes minutes, and the
+ops do not change between jobs (MIOpen's and Triton's caches stay per job: they hold
+tuning results of one job's shapes, and a corrupt one must not outlive it)."""
 
 
 def cache_root(environ: Mapping[str, str], *, base: str = "/tmp") -> str:
     """One folder per user, job and node on node-local storage."""
-    user = environ.get("USER") or environ.get("LOGNAME") or _login_name()
+    user = _user(environ)
     job = environ.get("SLURM_JOB_ID", "local")
     node = environ.get("SLURM_NODEID", "0")
     return f"{base}/{user}-scalerun-cache-{job}-node{node}"
+
+
+def _user(environ: Mapping[str, str]) -> str:
+    return environ.get("USER") or environ.get("LOGNAME") or _login_name()
 
 
 def _login_name() -> str:
@@ -42,10 +52,13 @@ def _login_name() -> str:
 
 
 def cache_settings(environ: Mapping[str, str], *, base: str = "/tmp") -> list[Setting]:
-    """The cache variables, all under :func:`cache_root`."""
+    """The cache variables, under :func:`cache_root` (per job and node), or per user and
+    node for those :data:`KEPT_ACROSS_JOBS`."""
     root = cache_root(environ, base=base)
+    kept = f"{base}/{_user(environ)}-scalerun-cache"
     return [
-        Setting(name, f"{root}/{folder}", "default", f"{why}, per node on local storage")
+        Setting(name, f"{kept if name in KEPT_ACROSS_JOBS else root}/{folder}", "default",
+                f"{why}, per node on local storage")
         for name, folder, why in CACHE_VARIABLES
     ]
 

@@ -32,6 +32,34 @@ class RankFacts:
     """"amd", "nvidia" or None for a CPU-only rank."""
     loader_workers: int = 0
     num_nodes: int = 1
+    cpu_compute: bool = False
+    """The rank computes on the CPU (gloo): its heap churns every step."""
+
+
+#: glibc's malloc thresholds for CPU ranks, fixed (see :func:`malloc_setting`).
+MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024
+MALLOC_TRIM_THRESHOLD = 128 * 1024 * 1024
+MALLOC_TUNABLES = (f"glibc.malloc.mmap_threshold={MALLOC_MMAP_THRESHOLD}:"
+                   f"glibc.malloc.trim_threshold={MALLOC_TRIM_THRESHOLD}")
+
+
+def malloc_setting(rank: RankFacts, environ: Mapping[str, str]) -> Setting | None:
+    """Fixed malloc thresholds for a rank that computes on the CPU.
+
+    Why: glibc adapts its thresholds as large tensors come and go, then gives the top of
+    the heap back to the kernel at the end of each step, and the next step faults it in
+    again: measured 260-3,300 minor page faults per step in scalerun's DDP loop against
+    0-150 in the hand-written one, 0.5-6 % of the step in system time
+    (``benchmarks/overhead.py``). Fixed thresholds keep up to 128 MiB of freed memory per
+    rank instead. Left alone where the user tuned malloc (``MALLOC_*``) and off with
+    ``SCALERUN_MALLOC=0``; ``scalerun.init`` also applies it to its own running process.
+    """
+    tuned = any(name.startswith("MALLOC_") and name.endswith("_") for name in environ)
+    if not rank.cpu_compute or tuned or environ.get("SCALERUN_MALLOC", "1") == "0":
+        return None
+    return Setting("GLIBC_TUNABLES", MALLOC_TUNABLES, "default",
+                   "fixed malloc thresholds: a CPU rank's heap is not trimmed and faulted in "
+                   "again every step")
 
 
 @dataclass(frozen=True)
@@ -63,6 +91,7 @@ def decide_environment(
     gdr = gdr_setting(rank.gpu_vendor, rocm_version)
     if gdr:
         settings.append(gdr)
+    settings += _collective_error_settings(rank, environ)
     if rank.threads:
         settings.append(Setting("OMP_NUM_THREADS", str(rank.threads), "topology",
                                 f"one thread per core of the rank's CPU share ({rank.threads})"))
@@ -70,8 +99,37 @@ def decide_environment(
         settings.append(Setting("TOKENIZERS_PARALLELISM", "false", "default",
                                 "tokenizer threads inside loader workers oversubscribe the cores"))
     settings += _cache_settings(rank, environ)
+    settings += [s for s in [malloc_setting(rank, environ)] if s is not None]
     settings = _apply_site(settings, site_task_env or {}, environ)
     return Decision(tuple(respect_user(settings, environ)), interfaces)
+
+
+NCCL_ERROR_HANDLING = (
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "1",
+     "a collective that outlives the process-group timeout (SCALERUN_TIMEOUT) aborts the "
+     "communicator and ends the rank, and the launcher the job; torch elastic gives its "
+     "workers the same, so ranks behave alike under srun and torchrun"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT", "0",
+     "collectives stay asynchronous (blocking waits cost a CPU sync each); the timeout is "
+     "enforced by torch's NCCL watchdog instead"),
+)
+"""(torch >= 2.2 name, the older name, value, reason). scalerun needs torch >= 2.4, which
+reads the TORCH_NCCL_ spelling first; a value the user set under the old one is kept."""
+
+
+def _collective_error_settings(rank: RankFacts, environ: Mapping[str, str]) -> list[Setting]:
+    """NCCL/RCCL ranks (a GPU): how a timed-out collective ends. Gloo needs nothing: its
+    operations fail by themselves at the process-group timeout."""
+    if not rank.gpu_vendor:
+        return []
+    settings = []
+    for name, old, value, reason in NCCL_ERROR_HANDLING:
+        if old in environ and name not in environ:  # torch would read ours before the user's
+            settings.append(Setting(old, environ[old], "user",
+                                    f"already set by you under the name torch < 2.2 read ({reason})"))
+        else:
+            settings.append(Setting(name, value, "default", reason))
+    return settings
 
 
 def _interface_settings(choice: InterfaceChoice) -> list[Setting]:
@@ -85,8 +143,12 @@ def _interface_settings(choice: InterfaceChoice) -> list[Setting]:
 
 
 def _cache_settings(rank: RankFacts, environ: Mapping[str, str]) -> list[Setting]:
-    """MIOpen caches on AMD GPUs; Triton with any GPU; TorchInductor everywhere."""
+    """MIOpen caches on AMD GPUs; Triton with any GPU; TorchInductor everywhere; torch
+    extensions (DeepSpeed's and Horovod's JIT ops) in SLURM jobs, whose home folder is shared
+    by every node (on one machine torch's own folder in the home is the right one)."""
     wanted = {"TORCHINDUCTOR_CACHE_DIR"}
+    if environ.get("SLURM_JOB_ID"):
+        wanted.add("TORCH_EXTENSIONS_DIR")
     if rank.gpu_vendor:
         wanted.add("TRITON_CACHE_DIR")
     if rank.gpu_vendor == "amd":

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.plan import deepspeed as deepspeed_args
 from scalerun.sites.profile import ENV_NAME_RE, MEMORY_RE, TIME_RE, SiteProfile
 
 MODES = ("srun", "torchrun")
@@ -101,8 +102,16 @@ class Container:
     """``singularity`` or ``apptainer`` (the command on the compute nodes)."""
     mounts: tuple[str, ...] = ()
     """``SRC[:DST[:OPTS]]`` host paths mounted into the container (``-B``), in order."""
+    enter: str = "exec"
+    """``exec`` (the command runs as given) or ``run`` (the image's runscript activates its
+    environment first, as LUMI's newer AI containers do)."""
+    activate: tuple[str, ...] = ()
+    """Shell lines run inside the image before the program (``$WITH_CONDA``,
+    ``source VENV/bin/activate``): the program then starts from that shell."""
 
     def __post_init__(self) -> None:
+        if self.enter not in CONTAINER_ENTRIES:
+            raise LaunchError(f"container entry {self.enter!r} is not one of {', '.join(CONTAINER_ENTRIES)}")
         if self.runtime not in RUNTIMES:
             raise LaunchError(
                 f"container runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}; "
@@ -112,6 +121,28 @@ class Container:
             raise LaunchError("--container needs an image path, e.g. --container pytorch.sif")
         for mount in self.mounts:
             check_mount(mount)
+
+
+CONTAINER_ENTRIES = ("exec", "run")
+OVERLAY_TARGET = "/user-software"
+"""Where the course mounts a squashfs of the user's own software (``env.sqsh``)."""
+
+
+def container_activation(site_lines: tuple[str, ...], venv: str | None,
+                         overlay: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(extra mounts, activation lines): the site's set-up line first, then the user's
+    software: an overlay's ``bin`` on PATH (``-B env.sqsh:/user-software:image-src=/``) or
+    a virtual environment inside the image activated."""
+    mounts: tuple[str, ...] = ()
+    lines = list(site_lines)
+    if overlay:
+        mounts = (f"{overlay}:{OVERLAY_TARGET}:image-src=/",)
+        lines.append(f'export PATH="{OVERLAY_TARGET}/bin:$PATH"')
+    if venv:
+        if any(c in venv for c in "\"\\$`\n"):
+            raise LaunchError(f"--container-venv {venv!r} holds a quote, $, ` or newline; give a plain path")
+        lines.append(f'source "{venv}/bin/activate"')
+    return mounts, tuple(lines)
 
 
 def check_mount(mount: str) -> None:
@@ -215,6 +246,50 @@ class Resources:
         return lines
 
 
+DEFAULT_SIGNAL_BEFORE_S = 120
+"""Seconds before the time limit at which the job script is warned, unless told otherwise."""
+MAX_SIGNAL_BEFORE_S = 65535
+"""The most ``--signal=...@SECONDS`` accepts (SLURM keeps it in 16 bits)."""
+STOPPED_FILE = "stopped-on-signal"
+"""``RUN_DIR/stopped-on-signal``: rank 0 writes its checkpoint's path there after the ranks
+stopped on a signal (:mod:`scalerun.runtime.preempt`); the job script requeues on it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preemption:
+    """How a job meets its end: the warning signal, and whether it requeues itself.
+
+    Why a signal to the batch shell (``B:``) and not to the steps: the script must learn
+    that the ranks stopped to requeue the job, so it is the one that hears the warning and
+    passes it on to the training step (see :mod:`scalerun.launch.slurm`).
+    """
+
+    signal_before_s: int | None = DEFAULT_SIGNAL_BEFORE_S
+    """SIGUSR1 reaches the job script this many seconds before the time limit; None: never."""
+    requeue: bool = False
+    """After the ranks stopped with a checkpoint, the job requeues itself (``scontrol requeue``)."""
+    stopped_file: str = ""
+    """Where the ranks say they stopped: ``RUN_DIR/stopped-on-signal``."""
+
+    def __post_init__(self) -> None:
+        seconds = self.signal_before_s
+        if seconds is not None and not 1 <= seconds <= MAX_SIGNAL_BEFORE_S:
+            raise LaunchError(
+                f"--signal-before {seconds}: give 1 to {MAX_SIGNAL_BEFORE_S} seconds, or --no-signal"
+            )
+        if self.requeue and seconds is None:
+            raise LaunchError(
+                "--requeue (given, or the site's default) needs the warning signal, which tells "
+                "the job to save and requeue: drop --no-signal, or add --no-requeue"
+            )
+
+    def directives(self) -> list[str]:
+        """``#SBATCH`` lines: the signal, and for a requeued job a log that is appended to
+        (SLURM truncates it when the job starts again otherwise)."""
+        lines = [] if self.signal_before_s is None else [f"#SBATCH --signal=B:USR1@{self.signal_before_s}"]
+        return lines + (["#SBATCH --requeue", "#SBATCH --open-mode=append"] if self.requeue else [])
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlurmJob:
     """Everything that decides a SLURM launch; :func:`render_sbatch` turns it into text."""
@@ -230,11 +305,20 @@ class SlurmJob:
     """srun: one task per GPU; torchrun: one task per node running torch.distributed.run."""
     nproc_per_node: int = 1
     """Training processes per node: SLURM tasks (srun) or torchrun workers (torchrun)."""
+    max_restarts: int = 0
+    """Times torchrun restarts every node's workers after a failure (torchrun mode only)."""
     python: str = "python"
     """Interpreter that runs the script (inside the container when there is one)."""
     host_python: str = "python"
     """Interpreter with scalerun on the nodes, outside any container: runs ``scalerun exec``."""
     container: Container | None = None
+    check: bool = False
+    """A first step runs ``scalerun doctor --quick`` on every rank; a FAIL ends the job."""
+    container_module_use: tuple[str, ...] = ()
+    container_modules: tuple[str, ...] = ()
+    """Modules that bind what the site's images need (LUMI's singularity-AI-bindings)."""
+    fallback_mounts: tuple[str, ...] = ()
+    """Mounts bound instead when those modules cannot be loaded."""
     cpu_bind: str | None = None
     """``srun --cpu-bind`` value as given; None plans masks on the job's first node at run time."""
     env: tuple[tuple[str, str], ...] = ()
@@ -250,6 +334,8 @@ class SlurmJob:
     site: str = "local"
     command_line: tuple[str, ...] = field(default=())
     """The scalerun command that made this job, shown in the script's header."""
+    preemption: Preemption | None = None
+    """The warning signal and the requeue; None: neither (the job ends at its limit)."""
 
     def __post_init__(self) -> None:
         for name, _ in (*self.env, *self.site_env, *self.task_env):
@@ -269,6 +355,13 @@ class SlurmJob:
                 f"--mode torchrun starts one task per node, not {self.resources.ntasks_per_node}; "
                 "drop --ntasks-per-node or use --mode srun"
             )
+        if self.max_restarts and self.mode != "torchrun":
+            raise LaunchError(
+                f"--max-restarts {self.max_restarts}: srun ends the step at the first failed rank "
+                "and restarts nothing; use --mode torchrun, or requeue the job"
+            )
+        if self.max_restarts < 0:
+            raise LaunchError(f"--max-restarts {self.max_restarts} must be 0 or more")
 
 
 # --- the request and the precedence ------------------------------------------------------
@@ -308,7 +401,10 @@ class LaunchRequest:
     container: str | None = None
     container_mounts: tuple[str, ...] = ()
     container_runtime: str | None = None
-    """The runtime to use, already picked (flag, else PATH, else the site's)."""
+    container_venv: str | None = None
+    """A virtual environment inside the image to activate (``--container-venv``)."""
+    container_overlay: str | None = None
+    """A squashfs of the user's software mounted at /user-software (``--container-overlay``)."""
     verbose: bool = False
     hyperthreads: bool = False
     """Ranks use both hardware threads of their cores (``--hyperthreads``)."""
@@ -316,6 +412,23 @@ class LaunchRequest:
     """``--membind``/``--no-membind``; None: each rank's plan decides."""
     observe_env: tuple[tuple[str, str], ...] = ()
     """Run directory, profiling, TensorBoard and sampler variables for every rank."""
+    check: bool = True
+    """Run the short doctor on every rank before training (``--check``/``--no-check``)."""
+    hang_timeout: float | None = None
+    """``--hang-timeout`` in seconds (0: never); None: the site's ``[runtime] hang_timeout``."""
+    max_restarts: int = 0
+    """``--max-restarts``: torchrun restarts the workers this many times (torchrun mode)."""
+    deepspeed_config: str | None = None
+    """``--deepspeed-config``, absolute: appended to the script's arguments in DeepSpeed's
+    form and exported to every rank (:mod:`scalerun.plan.deepspeed`)."""
+    checkpoint: str | None = None
+    """``--checkpoint DIR``, absolute: every rank's ``SCALERUN_CHECKPOINT``."""
+    signal_before: int | None = None
+    """``--signal-before S``; None: the site's ``signal_before``, else 120."""
+    no_signal: bool = False
+    """``--no-signal``: no warning before the time limit."""
+    requeue: bool | None = None
+    """``--requeue``/``--no-requeue``; None: the site's ``requeue``."""
     command_line: tuple[str, ...] = ()
 
 
@@ -394,6 +507,63 @@ def binding_env(request: LaunchRequest) -> tuple[tuple[str, str], ...]:
     return tuple(binding_variables(request.hyperthreads, request.membind).items())
 
 
+Pairs = tuple[tuple[str, str], ...]
+
+
+def hang_env(request: LaunchRequest, site: SiteProfile) -> tuple[Pairs, Pairs]:
+    """``SCALERUN_HANG_TIMEOUT`` for every rank, as (exported as given, kept when set): the
+    flag always wins; the site's default yields to the submitting shell's own value."""
+    from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
+
+    if request.hang_timeout is None:
+        return (), ((HANG_TIMEOUT_VARIABLE, f"{site.runtime.hang_timeout:g}"),)
+    if not request.hang_timeout >= 0:
+        raise LaunchError(f"--hang-timeout {request.hang_timeout:g} must be 0 (never) or a number of seconds")
+    return ((HANG_TIMEOUT_VARIABLE, f"{request.hang_timeout:g}"),), ()
+
+
+def preemption(request: LaunchRequest, site: SiteProfile) -> Preemption | None:
+    """The warning signal and the requeue: flag > site > default (USR1 120 s before the
+    time limit, no requeue); a site's ``signal_before = 0`` turns the signal off."""
+    if request.no_signal and request.signal_before is not None:
+        raise LaunchError(f"--signal-before {request.signal_before} and --no-signal exclude each other; keep one")
+    seconds = request.signal_before
+    if seconds is None:
+        seconds = DEFAULT_SIGNAL_BEFORE_S if site.slurm.signal_before is None else site.slurm.signal_before or None
+    if request.no_signal:
+        seconds = None
+    requeue = site.slurm.requeue if request.requeue is None else request.requeue
+    if seconds is None and not requeue:
+        return None
+    return Preemption(signal_before_s=seconds, requeue=requeue,
+                      stopped_file=str(Path(request.run_dir) / STOPPED_FILE))
+
+
+def checkpoint_env(request: LaunchRequest) -> Pairs:
+    """``SCALERUN_CHECKPOINT`` for every rank: where they save on a signal and resume from."""
+    from scalerun.runtime.preempt import CHECKPOINT_VARIABLE
+
+    return ((CHECKPOINT_VARIABLE, request.checkpoint),) if request.checkpoint else ()
+
+
+def _check_own_signal(job_resources: Resources, stop: Preemption | None) -> None:
+    """A ``--signal`` among the extra options would replace the warning the script expects."""
+    if stop is None or stop.signal_before_s is None:
+        return
+    for text in job_resources.extra:
+        if parse_sbatch_arg(text)[0] == "signal":
+            raise LaunchError(
+                f"--sbatch-arg {text!r}: scalerun writes --signal itself; use --signal-before S, "
+                "or --no-signal to send your own"
+            )
+
+
+def restart_env(request: LaunchRequest) -> Pairs:
+    """With ``--max-restarts``, each attempt's rank 0 hosts its own store: workers sharing
+    torchrun's rendezvous store read the previous attempt's addresses (torch issue 135712)."""
+    return (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),) if request.max_restarts else ()
+
+
 def literal(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     """Variables whose values must reach the job as written: ``$`` doubled, since the
     script expands ``${VAR}`` in every environment value (``$$`` is a literal ``$``)."""
@@ -404,36 +574,51 @@ def plan_job(request: LaunchRequest, site: SiteProfile, *, host_python: str) -> 
     """Merge the request over the site profile into one job; flags always win."""
     container = None
     if request.container:
+        extra, activate = container_activation(site.container.activate, request.container_venv,
+                                               request.container_overlay)
+        mounts = () if site.container.modules.load else site.container.mounts  # the module binds
         container = Container(image=request.container, runtime=request.container_runtime or "",
-                              mounts=site.container.mounts + request.container_mounts)
-    modules = site.modules.load + (site.container.modules.load if container else ())
-    module_use = site.modules.use + (site.container.modules.use if container else ())
+                              mounts=mounts + extra + request.container_mounts,
+                              enter=site.container.enter, activate=activate)
+    modules, module_use = site.modules.load, site.modules.use
     verbose = (("SCALERUN_VERBOSE", "1"),) if request.verbose else ()
+    hang_flag, hang_default = hang_env(request, site)
     observed = dict(request.observe_env)
     if request.mode == "torchrun" and observed.get("SCALERUN_PROFILER", "torch") != "torch":
         raise LaunchError(
             f"--profiler {observed['SCALERUN_PROFILER']!r} wraps rank processes, which torchrun "
             "starts inside each node: use --mode srun, or --profiler torch"
         )
+    job_resources, stop = resources(request, site), preemption(request, site)
+    _check_own_signal(job_resources, stop)
     return SlurmJob(
-        resources=resources(request, site),
+        resources=job_resources,
         script=request.script,
-        script_args=request.script_args,
+        script_args=deepspeed_args.script_arguments(request.deepspeed_config, request.script_args),
         entry=request.entry,
         mode=request.mode or "srun",
         nproc_per_node=counts(request, site).procs,
+        max_restarts=request.max_restarts,
         python=site.container.python if container else host_python,
         host_python=host_python,
         container=container,
+        check=request.check,
+        container_module_use=site.container.modules.use if container else (),
+        container_modules=site.container.modules.load if container else (),
+        fallback_mounts=site.container.mounts if container and site.container.modules.load else (),
         cpu_bind=request.cpu_bind,
         # scalerun's own values are paths and words, not templates: a '$' in them stays one
-        env=literal(verbose + binding_env(request) + request.observe_env) + request.env,
+        env=literal(verbose + binding_env(request) + request.observe_env + hang_flag
+                    + tuple(deepspeed_args.rank_env(request.deepspeed_config).items())
+                    + checkpoint_env(request)) + request.env,
         # ranks plan with the same site (scalerun.init, scalerun exec read SCALERUN_SITE)
-        site_env=(*literal((("SCALERUN_SITE", request.site),)), *site.env.items()),
+        site_env=(*literal((("SCALERUN_SITE", request.site), *hang_default, *restart_env(request))),
+                  *site.env.items()),
         task_env=tuple(site.task_env.items()),
         module_use=module_use,
         modules=modules + request.modules,
         setup=site.setup + request.setup,
         site=site.name,
         command_line=request.command_line,
+        preemption=stop,
     )

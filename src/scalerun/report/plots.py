@@ -13,13 +13,12 @@ large job stays small enough to open.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from scalerun.errors import ScalerunError
+from scalerun.files import write_atomic
 from scalerun.report.gpus import GpuSeries, gpu_series
 from scalerun.report.load import NodeLog, RunData
 from scalerun.report.model import Report
@@ -149,18 +148,6 @@ def time_origin(data: RunData) -> float:
 
 
 def save_png(figure: Any, path: Path) -> Path:
-    """Write the figure through a temporary file and a rename: never half a PNG."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                figure.savefig(handle, format="png", dpi=DPI)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as error:
-        raise ScalerunError(f"cannot write {path}: {error.strerror}; use --out to write elsewhere") from None
-    return path
+    """Write the figure atomically: never half a PNG."""
+    return write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=DPI),
+                        what="the report's plot (--out)")

@@ -17,6 +17,12 @@ the ``latest`` pointer: a crash or ``kill -9`` at any moment leaves the previous
 checkpoint whole and pointed to. Every rank must call :func:`save` and :func:`load`
 (they are collectives), and ``path`` must be on a file system all ranks share.
 
+A folder is never silently skipped nor overwritten: :func:`load` refuses, in one line
+naming the file, a checkpoint that is truncated, from another model (the parameters'
+names and shapes are in meta.json) or that this run's strategy cannot load at its world
+size; :func:`save` refuses a folder holding checkpoints that this process did not load
+from (:func:`refuse_foreign`), so a fresh start never writes over another run.
+
 Checkpoint files are pickles: load only checkpoints you trust.
 """
 
@@ -24,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
+import math
 import os
 import random
 import shutil
 import warnings
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +53,7 @@ from scalerun import __version__
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
 from scalerun.runtime.init import barrier, context
+from scalerun.runtime.preempt import checkpoint_folder, watch_loader
 from scalerun.runtime.strategies.base import Strategy
 from scalerun.runtime.strategies.replicated import PlainModel
 from scalerun.runtime.wrap import Wrapped
@@ -54,6 +64,10 @@ TEMPORARY = ".tmp-"
 META = "meta.json"
 LOOP = "loop.pt"
 FORMAT_VERSION = 1
+META_KEYS = ("format", "step", "strategy", "checkpoint_format", "world_size")
+
+_owned: set[Path] = set()
+"""Checkpoint folders this process loaded from (or found empty) or saved into."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,12 @@ class Resumed:
 
 
 # -- where checkpoints are -----------------------------------------------------------
+def folder() -> Path | None:
+    """The run's checkpoint folder from ``scalerun launch --checkpoint DIR``
+    (``SCALERUN_CHECKPOINT``), or None: a script's default for its own checkpoint flag."""
+    return checkpoint_folder()
+
+
 def step_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
@@ -142,6 +162,8 @@ def save(
     meta = _meta(ctx, state, step, _position_of(loader, position, wrapped), loader)
     rank_state = _rank_state(loader)  # before any I/O, so nothing can move the RNGs first
     root = Path(path)
+    refuse_foreign(root)
+    watch_loader(loader)  # the position a save on a signal records (scalerun.runtime.preempt)
     temporary = root / f"{TEMPORARY}{step_name(step)}"
     if ctx.rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -156,7 +178,31 @@ def save(
         final = _publish(root, temporary, step_name(step))
         _prune(root, keep_last, final)
     barrier()
+    _owned.add(_key(root))
     return root / step_name(step)
+
+
+def _key(root: Path) -> Path:
+    return Path(os.path.realpath(root))
+
+
+def refuse_foreign(root: str | os.PathLike) -> None:
+    """Refuse to write into a folder that holds checkpoints this process did not resume
+    from: a fresh start (a new run, or a script that forgot to load) never writes over them.
+
+    A process owns a folder once it called :func:`load` on it (whatever it found) or saved
+    into it. Every rank decides the same way, before any collective.
+    """
+    folder = Path(root)
+    if _key(folder) in _owned:
+        return
+    found = latest(folder)
+    if found is not None:
+        raise ScalerunError(
+            f"{folder} holds checkpoint {found.name}, which this run did not resume from: call "
+            "scalerun.checkpoint.load(folder, model, loader=...) before training to continue it, "
+            "or give an empty folder (scalerun never writes over another run's checkpoints)"
+        )
 
 
 def _strategy_of(ctx: Context, model: nn.Module, optimizer: Any) -> tuple[Strategy, Wrapped | None]:
@@ -212,6 +258,7 @@ def _meta(
         "world_size": ctx.world_size,
         "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scalerun": __version__,
+        "model": model_fingerprint(state.unwrapped),
         **state.checkpoint_meta(),
     }
     if position is not None and loader is not None:
@@ -329,16 +376,21 @@ def load(
 
     Restores the model, optimizer, scheduler, gradient scaler, step counters and RNG
     states; with ``loader``, its epoch and the batches to skip, so that the next pass
-    over the loader continues where the saved run was. Every rank calls it.
+    over the loader continues where the saved run was (and a save on a signal records
+    this loader's position). Rank 0 prints "resumed from step N". Every rank calls it.
+
+    A checkpoint that is truncated, from another model, or that this strategy cannot
+    load at this world size raises a one-line ScalerunError naming the file.
     """
     ctx = context()
-    directory = _agreed_checkpoint(ctx, Path(path))
+    state, wrapped = _strategy_of(ctx, model, optimizer)
+    watch_loader(loader)
+    directory = _agreed_checkpoint(ctx, Path(path), state)
+    _owned.add(_key(Path(path)))
     if directory is None:
         return None
     meta = json.loads((directory / META).read_text())
-    state, wrapped = _strategy_of(ctx, model, optimizer)
-    _check_format(meta, state, directory)
-    state.load_state(directory, meta)
+    _load_strategy_state(state, directory, meta)
     loop = torch.load(directory / LOOP, map_location="cpu", weights_only=False)
     _restore_loop(loop, state, wrapped)
     epoch, batch = _restore_loader(loader, meta, ctx) if loader is not None else (0, 0)
@@ -346,18 +398,136 @@ def load(
         wrapped.micro_steps = epoch * len(loader) + batch
     _restore_rank_state(directory / f"rank-{ctx.rank:05d}.pt", loader)
     barrier()
-    return Resumed(
+    resumed = Resumed(
         step=int(meta["step"]), epoch=epoch, batch=batch, extra=loop.get("extra"),
         path=directory, saved_world_size=int(meta["world_size"]),
     )
+    _report(ctx, resumed)
+    return resumed
 
 
-def _agreed_checkpoint(ctx: Context, root: Path) -> Path | None:
-    """Rank 0 picks the checkpoint and tells the others, so all load the same one."""
-    chosen = [str(found) if (found := latest(root)) is not None else None]
+def _report(ctx: Context, resumed: Resumed) -> None:
+    """The line that says where the run continues (rank 0): "resumed from step N"."""
+    if ctx.rank != 0:
+        return
+    where = f"epoch {resumed.epoch}, batch {resumed.batch}"
+    if resumed.saved_world_size != ctx.world_size:
+        where += (f"; saved by {resumed.saved_world_size} rank(s), this run has {ctx.world_size}: "
+                  "not an exact continuation")
+    print(f"scalerun: resumed from step {resumed.step} ({resumed.path}; {where})", flush=True)
+
+
+def _agreed_checkpoint(ctx: Context, root: Path, state: Strategy) -> Path | None:
+    """Rank 0 picks the checkpoint and checks that this run can load it; every rank gets
+    the same answer, or raises the same one-line error."""
+    answer: list[Any] = [_pick(root, state) if ctx.rank == 0 else None]
     if ctx.world_size > 1 and dist.is_initialized():
-        dist.broadcast_object_list(chosen, src=0)
-    return None if chosen[0] is None else Path(chosen[0])
+        dist.broadcast_object_list(answer, src=0)
+    chosen, problem = answer[0]
+    if problem is not None:
+        raise ScalerunError(problem)
+    return None if chosen is None else Path(chosen)
+
+
+def _pick(root: Path, state: Strategy) -> tuple[str | None, str | None]:
+    """(the checkpoint to load or None, the reason it cannot be loaded or None)."""
+    try:
+        found = latest(root)
+        if found is not None:
+            check_checkpoint(found, state)
+    except ScalerunError as error:
+        return None, str(error)
+    return (None if found is None else str(found)), None
+
+
+def check_checkpoint(directory: Path, state: Strategy) -> dict[str, Any]:
+    """Refuse, naming the file, a checkpoint folder that is incomplete or truncated, of
+    another format or strategy, or of another model; returns its meta.json."""
+    meta = read_meta(directory)
+    _check_format(meta, state, directory)
+    _check_files(directory, meta)
+    _check_model(meta, state, directory)
+    return meta
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """meta.json, whole and with every key a loader needs."""
+    path = directory / META
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ScalerunError(
+            f"{path} is truncated or not a checkpoint's meta.json ({_one_line(str(error))}); remove "
+            f"{directory} to resume from the checkpoint before it"
+        ) from None
+    missing = [key for key in META_KEYS if not isinstance(meta, dict) or key not in meta]
+    if missing:
+        raise ScalerunError(f"{path} lacks {', '.join(missing)}: it was not written by scalerun.checkpoint")
+    return meta
+
+
+def _check_files(directory: Path, meta: dict[str, Any]) -> None:
+    """Every rank's file and the loop state are there, and every torch file is whole
+    (``torch.save`` writes a zip archive, whose directory is at its very end)."""
+    ranks = int(meta["world_size"])
+    for path in [directory / LOOP] + [directory / f"rank-{r:05d}.pt" for r in range(ranks)]:
+        if not path.is_file():
+            raise ScalerunError(
+                f"{path} is missing: meta.json says {ranks} rank(s) saved this checkpoint, so "
+                f"the folder is incomplete; remove {directory} to resume from the checkpoint before it"
+            )
+    for path in sorted(directory.rglob("*.pt")):
+        if path.is_file() and not zipfile.is_zipfile(path):
+            raise ScalerunError(
+                f"{path} is truncated ({path.stat().st_size} bytes, not a whole torch file); remove "
+                f"{directory} to resume from the checkpoint before it"
+            )
+
+
+def model_fingerprint(module: nn.Module | None) -> dict[str, Any]:
+    """The parameters' names and shapes as a digest, with their counts: tells another
+    model's checkpoint apart before a tensor is read (sharded parameters count whole)."""
+    shapes = [
+        [name, list(getattr(parameter, "ds_shape", None) or parameter.shape)]
+        for name, parameter in (module.named_parameters() if module is not None else ())
+    ]
+    digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
+    return {"tensors": len(shapes), "parameters": sum(math.prod(s) for _, s in shapes), "digest": digest}
+
+
+def _check_model(meta: dict[str, Any], state: Strategy, directory: Path) -> None:
+    saved = meta.get("model")
+    if not isinstance(saved, dict):  # written before scalerun recorded the model
+        return
+    now = model_fingerprint(state.unwrapped)
+    if saved.get("digest") != now["digest"]:
+        raise ScalerunError(
+            f"{directory / META}: saved from another model ({_sized(saved)}; this run's model has "
+            f"{_sized(now)}); resume with the model that wrote it, or give another checkpoint folder"
+        )
+
+
+def _sized(fingerprint: dict[str, Any]) -> str:
+    return (f"{fingerprint.get('tensors')} tensors, {fingerprint.get('parameters'):,} parameters, "
+            f"digest {fingerprint.get('digest')}")
+
+
+def _load_strategy_state(state: Strategy, directory: Path, meta: dict[str, Any]) -> None:
+    """The strategy's files into the model; what it cannot load is one line naming the folder."""
+    try:
+        state.load_state(directory, meta)
+    except ScalerunError as error:
+        raise ScalerunError(f"{directory}: {_one_line(str(error))}") from None
+    except (RuntimeError, ValueError, KeyError, OSError, EOFError) as error:
+        raise ScalerunError(
+            f"{directory} does not load into this run ({type(error).__name__}: "
+            f"{_one_line(str(error))}); saved by {meta['world_size']} rank(s) with strategy "
+            f"{meta['strategy']!r}"
+        ) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _check_format(meta: dict[str, Any], state: Strategy, directory: Path) -> None:

@@ -22,13 +22,19 @@ import torch.distributed as dist
 from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.plan.gpu import visible_devices
+from scalerun.rundir import run_dir_from
+from scalerun.runtime import hang
 from scalerun.runtime.context import Context
+from scalerun.runtime.lines import whole_lines
 from scalerun.topology.cpulist import format_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.plan.rank import RankPlan
 
 DEFAULT_TIMEOUT_S = 600.0
+HANG_MARGIN_S = 120.0
+"""How much longer than the hang timeout the default collective timeout is: the time a
+watchdog needs to write stacks (py-spy included) and wait for its peers'."""
 
 _context: Context | None = None
 
@@ -46,10 +52,15 @@ def init(
         ``SCALERUN_BACKEND``. With more ranks per node than GPUs, NCCL is refused in one
         line (it cannot put two ranks on one GPU) and gloo makes it a CPU-only run.
     timeout: seconds a collective may wait before failing (``SCALERUN_TIMEOUT``,
-        default 600), finite so that a lost rank ends the job instead of hanging it.
+        default 600, or the hang timeout + 120 when longer), finite so that a lost rank
+        ends the job instead of hanging it.
     bind: bind this rank to the CPU cores nearest its GPU when the launcher did not
         (``SCALERUN_BIND=0`` turns it off).
     verbose: print one report line per rank (``SCALERUN_VERBOSE=1``).
+
+    With ``SCALERUN_HANG_TIMEOUT`` (``scalerun launch`` sets it) a watchdog thread ends a
+    rank that made no progress for that long, after writing its stacks
+    (:mod:`scalerun.runtime.hang`).
 
     A job set up wrong (stale RANK exports, more ranks than GPUs under NCCL, a broken site
     profile) ends the rank with one line on stderr and exit code 1 (``SystemExit``), before
@@ -68,14 +79,16 @@ def init(
         if rank_plan.gpu.error:
             raise PlacementError(rank_plan.gpu.error)
         exported = export_placement(where, os.environ)
+        hang_s = hang.timeout_from_env(os.environ)
     except ScalerunError as error:  # the job is set up wrong: one line per rank, no traceback
         raise SystemExit(f"scalerun.init: error: {error}") from None
+    whole_lines()  # ranks sharing an output never cut into each other's lines
     bound = _bind_cpus(rank_plan)
     exported.update(_apply_environment(rank_plan, os.environ))
     device = torch.device(rank_plan.gpu.device.name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout))
+    _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout, hang_s))
     if rank_plan.gpu.backend == "gloo" and where.world_size > 1:
         atexit.register(_let_gloo_settle)
     _context = Context(
@@ -97,6 +110,10 @@ def init(
     from scalerun.launch.observe import register_rank
 
     register_rank(where.rank, where.local_rank)
+    hang.start(where.rank, where.world_size, hang_s, run_dir_from())
+    from scalerun.runtime import preempt
+
+    preempt.arm()  # before any loader forks workers: they inherit the handlers
     return _context
 
 
@@ -173,7 +190,11 @@ def shutdown() -> None:
     global _context
     from scalerun.runtime.steplog import close_log
 
+    hang.stop()
     close_log()
+    from scalerun.runtime import preempt
+
+    preempt.forget()  # the stop agreement in flight, before its process group goes
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _context = None
@@ -183,6 +204,7 @@ def barrier() -> None:
     """Wait for every rank (no-op in a single process)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+        hang.progress()  # every rank got here: the job moves
 
 
 def export_placement(where: placement_mod.Placement, environ: MutableMapping[str, str]) -> dict:
@@ -226,14 +248,22 @@ def _apply_environment(rank_plan: RankPlan, environ: MutableMapping[str, str]) -
     from scalerun.netconf.apply import apply_settings
 
     applied = apply_settings(rank_plan.environment, environ)
+    if "GLIBC_TUNABLES" in applied:  # read at start-up only: this process sets it itself
+        from scalerun.runtime.malloc import fix_thresholds
+
+        fix_thresholds()
     threads = rank_plan.value("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
     return applied
 
 
-def _timeout(timeout: float | None) -> datetime.timedelta:
-    raw = timeout if timeout is not None else os.environ.get("SCALERUN_TIMEOUT", DEFAULT_TIMEOUT_S)
+def _timeout(timeout: float | None, hang_s: float | None = None) -> datetime.timedelta:
+    """The collective timeout: given, else ``SCALERUN_TIMEOUT``, else the default, which
+    is raised above the hang timeout so that the hang watchdog, which writes every rank's
+    stacks, ends a hang before a timed-out collective ends only the waiting ranks."""
+    default = max(DEFAULT_TIMEOUT_S, hang_s + HANG_MARGIN_S) if hang_s else DEFAULT_TIMEOUT_S
+    raw = timeout if timeout is not None else os.environ.get("SCALERUN_TIMEOUT", default)
     try:
         seconds = float(raw)
     except ValueError:
@@ -268,8 +298,12 @@ def _init_process_group(
             f"{where.launcher} gives no rendezvous host for {where.num_nodes} nodes; export "
             "MASTER_ADDR=<first node> (scalerun launch does this for you)"
         )
+    from scalerun.runtime.store import rendezvous_store
+
+    # rank 0's store listens on the address the ranks connect to, where that one is certain
+    store = rendezvous_store(where, timeout)
     dist.init_process_group(
-        init_method=rendezvous_url(where, os.environ),
+        **({"store": store} if store is not None else {"init_method": rendezvous_url(where, os.environ)}),
         rank=where.rank,
         world_size=where.world_size,
         **options,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scalerun.runtime import observe, strategies
+from scalerun.runtime import hang, observe, preempt, strategies
 from scalerun.runtime.init import context
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
@@ -86,6 +86,7 @@ class Wrapped(nn.Module):
 
     # -- what the loop calls -------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hang.progress()  # a micro-batch begins (also with the user's own optimizer loop)
         training = self.training and torch.is_grad_enabled()
         if training:
             self.strategy.set_sync(self.ends_cycle)
@@ -106,6 +107,7 @@ class Wrapped(nn.Module):
             stepped = self.strategy.step(self.ends_cycle)
         if stepped:
             self.optimizer_steps += 1
+            hang.progress(self.optimizer_steps)
             if self.scheduler is not None:
                 self.scheduler.step()
             if self.step_log is not None:
@@ -116,6 +118,8 @@ class Wrapped(nn.Module):
                 self._stop_after_last_step()
         self.micro_steps += 1
         self.cycle_position = 0 if stepped else self.cycle_position + 1
+        if stepped:  # between two steps: a warned job saves here, every rank at this step
+            preempt.at_step_end(self)
         return stepped
 
     def _stop_after_last_step(self) -> None:

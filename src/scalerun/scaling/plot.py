@@ -11,12 +11,12 @@ temporary name and renamed, so a reader never sees half a PNG.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scalerun.errors import ScalerunError
+from scalerun.files import write_atomic
 from scalerun.scaling.batches import ScalingError
 from scalerun.scaling.model import EFFICIENT, Prediction
 from scalerun.scaling.results import ScalingRow
@@ -94,16 +94,7 @@ def _efficiency_panel(axes: Any, rows: Sequence[ScalingRow], predictions: Sequen
 
 def _save_atomic(figure: Any, path: Path) -> Path:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                figure.savefig(handle, format="png", dpi=DPI)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as error:
-        raise ScalingError(f"cannot write {path}: {error.strerror}; choose a writable --out") from None
-    return path
+        return write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=DPI),
+                            what="the study's plot (--out)")
+    except ScalerunError as error:
+        raise ScalingError(str(error)) from None

@@ -75,9 +75,16 @@ class SlurmDefaults:
     """Ask for whole nodes (``--exclusive``)."""
     sbatch_args: tuple[str, ...] = ()
     """Extra ``#SBATCH`` options, each ``--name=value``."""
+    signal_before: int | None = None
+    """Seconds before the time limit at which jobs are warned to save (``--signal-before``);
+    None: scalerun's 120; 0: no warning. Longer than a step plus a checkpoint save."""
+    requeue: bool = False
+    """Jobs requeue themselves after saving on the warning (``--requeue``/``--no-requeue``)."""
 
     def __post_init__(self) -> None:
         check_time("time", self.time)
+        if self.signal_before is not None and not 0 <= self.signal_before <= 65535:
+            raise Invalid("signal_before", f"{self.signal_before} is not 0 (off) to 65535 seconds")
         check_memory("mem_per_gpu", self.mem_per_gpu)
         if self.cpus_per_gpu is not None and self.cpus_per_gpu < 1:
             raise Invalid("cpus_per_gpu", f"{self.cpus_per_gpu} must be at least 1")
@@ -160,9 +167,18 @@ class ContainerDefaults:
     python: str = "python"
     """The interpreter inside the container."""
     modules: ModulesSpec = field(default_factory=ModulesSpec)
-    """Modules the site's containers need (loaded only when a container is used)."""
+    """Modules the site's containers need (loaded only when a container is used); when
+    they load, they bind what the containers need and ``mounts`` is only their fallback."""
+    enter: str = "exec"
+    """``exec`` runs the command as given; ``run`` lets the image's runscript activate its
+    environment first (LUMI's newer AI containers)."""
+    activate: tuple[str, ...] = ()
+    """Shell lines run inside the image before the command, e.g. ``$WITH_CONDA`` (LUMI's
+    older AI containers, whose python is not the one with torch until it runs)."""
 
     def __post_init__(self) -> None:
+        if self.enter not in ("exec", "run"):
+            raise Invalid("enter", f"{self.enter!r} is not exec or run")
         if self.runtime is not None and self.runtime not in CONTAINER_RUNTIMES:
             raise Invalid(
                 "runtime", f"{self.runtime!r} is not one of {', '.join(CONTAINER_RUNTIMES)}"
@@ -172,6 +188,63 @@ class ContainerDefaults:
                 raise Invalid(
                     f"mounts[{index}]", f"{mount!r}: a mount is SRC[:DST[:OPTS]] without commas"
                 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeDefaults:
+    """What the ranks of every launch on this site get, local or SLURM (``[runtime]``)."""
+
+    hang_timeout: int = 1800
+    """Seconds without progress before every rank writes its stacks and the job ends
+    (``--hang-timeout`` wins); 0: never. Longer than the slowest step, checkpoint save or
+    evaluation pass that runs outside ``scalerun.wrap``'s model."""
+
+    def __post_init__(self) -> None:
+        if self.hang_timeout < 0:
+            raise Invalid("hang_timeout", f"{self.hang_timeout} must be 0 (never) or more seconds")
+
+
+HOROVOD_GPUS = ("", "ROCM", "CUDA")
+HOROVOD_GPU_OPERATIONS = ("NCCL", "MPI")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HorovodBuild:
+    """How ``scripts/install_horovod.sh --site NAME`` builds Horovod 0.28.1 here (``[horovod]``).
+
+    Each key is a variable Horovod's CMake (or hipcc) reads; values may refer to the
+    build shell's environment as ``${VAR}`` (``${ROCM_PATH}`` on LUMI). The default, no
+    table, is the CPU build: gloo, no MPI, no GPU operations.
+    """
+
+    gpu: str = ""
+    """``HOROVOD_GPU``: ROCM or CUDA; empty builds no GPU operations."""
+    gpu_operations: str = "NCCL"
+    """``HOROVOD_GPU_OPERATIONS`` (with a GPU): NCCL, which is RCCL on ROCm, or MPI."""
+    mpi: bool = False
+    """``HOROVOD_WITH_MPI=1`` (needs the site's MPI at build and launch), else
+    ``HOROVOD_WITHOUT_MPI=1``. Gloo is always built: scalerun's rendezvous needs it."""
+    rocm_home: str = ""
+    """``HOROVOD_ROCM_HOME``: the ROCm that Horovod's FindROCM searches."""
+    rccl_home: str = ""
+    """``rccl_ROOT``: where ``find_package(rccl)`` finds RCCL's CMake package."""
+    gpu_arch: str = ""
+    """``HCC_AMDGPU_TARGET``: the GPU architecture hipcc compiles for (gfx90a: MI250X)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """More build variables, as written (e.g. ``CMAKE_PREFIX_PATH`` of an MPI)."""
+
+    def __post_init__(self) -> None:
+        if self.gpu not in HOROVOD_GPUS:
+            raise Invalid("gpu", f"{self.gpu!r} is not ROCM, CUDA or empty (CPU build)")
+        if self.gpu_operations not in HOROVOD_GPU_OPERATIONS:
+            raise Invalid("gpu_operations", f"{self.gpu_operations!r} is not NCCL or MPI")
+        if self.gpu_operations == "MPI" and self.gpu and not self.mpi:
+            raise Invalid("gpu_operations", "MPI GPU operations need mpi = true")
+        for key, value in (("rocm_home", self.rocm_home), ("rccl_home", self.rccl_home),
+                           ("gpu_arch", self.gpu_arch)):
+            if value and self.gpu != "ROCM":
+                raise Invalid(key, f"is for ROCm builds; set gpu = \"ROCM\" or remove {key}")
+        check_env_names("env", self.env)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +260,9 @@ class SiteProfile:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     modules: ModulesSpec = field(default_factory=ModulesSpec)
     container: ContainerDefaults = field(default_factory=ContainerDefaults)
+    runtime: RuntimeDefaults = field(default_factory=RuntimeDefaults)
+    horovod: HorovodBuild = field(default_factory=HorovodBuild)
+    """How ``scripts/install_horovod.sh --site`` builds Horovod for this site."""
     env: dict[str, str] = field(default_factory=dict)
     """Exported by the job script unless already set; ``${VAR}`` refers to the job's environment."""
     task_env: dict[str, str] = field(default_factory=dict)

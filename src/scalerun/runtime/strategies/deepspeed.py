@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +26,12 @@ from torch import nn
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
 from scalerun.runtime.strategies.base import OptimizerArg, Strategy, TrainSettings
-from scalerun.runtime.strategies.deepspeed_config import DeepSpeedOptions, build_config, load_config
+from scalerun.runtime.strategies.deepspeed_config import (
+    DeepSpeedOptions,
+    build_config,
+    config_source,
+    load_config,
+)
 from scalerun.runtime.strategies.memory import (
     HeldBytes,
     StorageCounter,
@@ -75,7 +81,7 @@ class DeepSpeedStrategy(Strategy):
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(model.parameters())
         self.config = build_config(
-            load_config(self.options.config), self.settings, self.options,
+            load_config(config_source(self.options.config, os.environ)), self.settings, self.options,
             world_size=self.ctx.world_size, on_cpu=self.ctx.device.type == "cpu",
             client_optimizer=optimizer is not None,
         )

@@ -30,9 +30,30 @@ class DeepSpeedOptions:
     """The DeepSpeed-specific knobs of ``wrap``."""
 
     config: str | Path | Mapping[str, Any] | None = None
-    """A ds_config.json path or a dict; scalerun fills in what it leaves out."""
+    """A ds_config.json path or a dict; scalerun fills in what it leaves out. None: the
+    file of ``scalerun launch --deepspeed-config`` ($SCALERUN_DEEPSPEED_CONFIG), if any."""
     zero_stage: int | None = None
     """ZeRO stage 0-3; must agree with the config's when both give one."""
+
+
+def config_source(
+    given: str | Path | Mapping[str, Any] | None, environ: Mapping[str, str]
+) -> str | Path | Mapping[str, Any] | None:
+    """The config ``wrap`` uses: the code's, else the file ``scalerun launch
+    --deepspeed-config`` named for every rank. Both, naming different files, is an error:
+    which one would the run use?"""
+    from scalerun.plan.deepspeed import CONFIG_VARIABLE
+
+    launched = environ.get(CONFIG_VARIABLE) or None
+    if given is None or launched is None:
+        return given if given is not None else launched
+    if isinstance(given, Mapping) or Path(given).resolve() != Path(launched).resolve():
+        shown = "a dict" if isinstance(given, Mapping) else str(given)
+        raise ScalerunError(
+            f"wrap(config={shown}) but the launch gave --deepspeed-config {launched} "
+            f"(${CONFIG_VARIABLE}); keep one of the two"
+        )
+    return given
 
 
 def load_config(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,416 @@
+"""Hang detection inside each rank: a watchdog that writes the rank's Python stacks and
+ends it when the rank has made no progress for ``SCALERUN_HANG_TIMEOUT`` seconds.
+
+Why: a multi-node job that hangs (a rank stuck in a data loader, a deadlock, a collective
+called by only some ranks) burns its whole time limit and leaves nothing to look at. Here
+every rank watches itself: ``wrap()``'s forward and step and ``scalerun.barrier`` call
+:func:`progress`; a thread started by ``scalerun.init`` wakes every few seconds and, once
+the rank has gone ``timeout`` seconds without progress, writes every thread's stack to
+``RUN_DIR/stacks/rank-<R>.txt`` (faulthandler, plus ``py-spy dump`` when installed) with a
+header saying whether the main thread was inside a collective, then ends the rank with
+exit code :data:`HANG_EXIT_CODE`. Ranks waiting in the collective trip their own
+watchdogs; a rank that was elsewhere trips too (it made no progress either), so every
+rank leaves its stacks, and the launcher reads them back (:mod:`scalerun.launch.hang`).
+The first rank to trip also writes ``stacks/declared.json``, so that ranks that never
+made progress (still starting up) write their stacks as well.
+
+Why a Python thread and not ``faulthandler.dump_traceback_later``: torch releases the GIL
+while it waits (gloo and NCCL work, DDP's reducer in backward, barriers), so the thread
+runs while the main thread is blocked in C, and it can inspect the main thread's frames,
+write a header and wait for its peers; faulthandler's timer is process-global state
+that a user may own, and its exit code would be 1.
+
+What it must never do: slow a step (:func:`progress` is one clock read and one store),
+judge a rank before its first progress (a script that never calls ``wrap`` or
+``barrier`` is never ended), or run any collective or atexit handler on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from scalerun.errors import ScalerunError
+
+HANG_TIMEOUT_VARIABLE = "SCALERUN_HANG_TIMEOUT"
+"""Seconds without progress before a rank is ended; unset, empty or 0: no watchdog."""
+HANG_EXIT_CODE = 124
+"""A rank ended by its watchdog exits with this (``timeout(1)``'s code for "timed out")."""
+DEFAULT_HANG_TIMEOUT_S = 1800.0
+DECLARED_FILE = "declared.json"
+HEADER_PREFIX = "# scalerun stacks "
+GRACE_S = 10.0
+"""How long a rank that tripped waits for the other ranks' stack files before ending."""
+PYSPY_TIMEOUT_S = 20.0
+
+COMMUNICATION = (
+    ("/torch/distributed/", "torch.distributed"),
+    ("/torch/nn/parallel/distributed.py", "DDP"),
+    ("/deepspeed/comm/", "deepspeed.comm"),
+    ("/horovod/", "horovod"),
+)
+"""Frames of the main thread that mean "waiting in a collective": (path part, label)."""
+BACKWARD = "/torch/autograd/"
+"""Backward with several ranks: DDP and FSDP wait there for the gradient reduction."""
+
+
+def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """``SCALERUN_HANG_TIMEOUT`` in seconds; None when unset, empty or 0 (no watchdog)."""
+    env = os.environ if environ is None else environ
+    text = env.get(HANG_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ScalerunError(f"{HANG_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
+                            "give e.g. 1800, or 0 for no hang detection") from None
+    if seconds < 0 or seconds != seconds:
+        raise ScalerunError(f"{HANG_TIMEOUT_VARIABLE}={text!r} must be 0 (off) or more seconds")
+    return seconds or None
+
+
+# ---------------------------------------------------------------------------
+# Progress: what the training loop reports
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """The last sign of life of this rank (written by the main thread, read by the watchdog)."""
+
+    last: float | None = None
+    """``time.monotonic()`` of the last progress; None before the first one."""
+    step: int | None = None
+    """The last optimizer step reported."""
+
+
+_progress = Progress()
+
+
+def progress(step: int | None = None) -> None:
+    """Tell the watchdog this rank moved on: a micro-batch, an optimizer step, a barrier.
+
+    Cheap enough for every micro-batch; called by ``wrap()`` and ``scalerun.barrier``.
+    A loop that works longer than the hang timeout without them can call it directly.
+    """
+    _progress.last = time.monotonic()
+    if step is not None:
+        _progress.step = step
+
+
+def overdue(last: float | None, now: float, timeout_s: float) -> bool:
+    """True when a rank that has made progress made none for ``timeout_s`` seconds."""
+    return last is not None and now - last >= timeout_s
+
+
+def poll_interval(timeout_s: float) -> float:
+    """How often the watchdog looks: a twentieth of the timeout, between 0.5 s and 5 s."""
+    return min(5.0, max(0.5, timeout_s / 20))
+
+
+# ---------------------------------------------------------------------------
+# Where the main thread is
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+def frames_of(frame: FrameType | None) -> list[Frame]:
+    """A thread's frames, innermost first."""
+    found = []
+    while frame is not None:
+        found.append(Frame(frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
+        frame = frame.f_back
+    return found
+
+
+def main_thread_frames() -> list[Frame]:
+    main = threading.main_thread().ident
+    return frames_of(sys._current_frames().get(main)) if main is not None else []
+
+
+def collective_of(frames: list[Frame], world_size: int) -> str | None:
+    """The collective the main thread waits in ("torch.distributed all_reduce"), or None."""
+    for frame in frames:
+        path = frame.file.replace(os.sep, "/")
+        for part, label in COMMUNICATION:
+            if part in path:
+                return f"{label} {frame.function}"
+    if world_size > 1 and any(BACKWARD in f.file.replace(os.sep, "/") for f in frames):
+        return "gradient all-reduce in backward"
+    return None
+
+
+def library_folders() -> tuple[str, ...]:
+    """Folders whose frames are not the user's: torch, scalerun, the standard library."""
+    import sysconfig
+
+    folders = [sysconfig.get_paths()["stdlib"], str(Path(__file__).parents[1])]
+    for name in ("torch", "deepspeed", "horovod"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            folders.append(str(Path(module.__file__).parent))
+    return tuple(folder.rstrip(os.sep) + os.sep for folder in folders)  # torch/, not torchvision
+
+
+def user_frame(frames: list[Frame], libraries: tuple[str, ...]) -> Frame | None:
+    """The innermost frame of the user's own code (else the innermost frame at all)."""
+    for frame in frames:
+        if not frame.file.startswith("<") and not frame.file.startswith(libraries):
+            return frame
+    return frames[0] if frames else None
+
+
+# ---------------------------------------------------------------------------
+# The report and the stack file
+# ---------------------------------------------------------------------------
+
+
+def hang_report(*, rank: int, world_size: int, timeout_s: float, idle_s: float,
+                declared_by: int, frames: list[Frame],
+                environ: Mapping[str, str]) -> dict[str, Any]:
+    """The header of a stack file: who, since when, and where its main thread was."""
+    where = user_frame(frames, library_folders())
+    return {
+        "rank": rank, "world_size": world_size, "host": socket.gethostname(),
+        "node": environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+        "attempt": environ.get("TORCHELASTIC_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT") or "0",
+        "t": round(time.time(), 3), "timeout_s": timeout_s, "idle_s": round(idle_s, 1),
+        "step": _progress.step, "declared_by": declared_by,
+        "collective": collective_of(frames, world_size),
+        "where": None if where is None else {"file": where.file, "line": where.line,
+                                             "function": where.function},
+    }
+
+
+def header_text(report: Mapping[str, Any], frames: list[Frame]) -> str:
+    """Machine-readable first line, then the same facts for a person."""
+    trigger = ("its own watchdog" if report["declared_by"] == report["rank"]
+               else f"rank {report['declared_by']}'s hang")
+    inside = f"in a collective ({report['collective']})" if report["collective"] else "not in a collective"
+    lines = [
+        HEADER_PREFIX + json.dumps(report, separators=(",", ":")),
+        f"# rank {report['rank']} of {report['world_size']} on {report['host']} (pid {report['pid']}): "
+        f"no progress for {report['idle_s']:g} s, ended by {trigger} "
+        f"(hang timeout {report['timeout_s']:g} s, last step {report['step']})",
+        f"# main thread (Thread 0x{threading.main_thread().ident or 0:016x} below): {inside}; innermost frames:",
+        *(f"#   {frame}" for frame in frames[:6]),
+        "# every thread, most recent call first (faulthandler):",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_stacks(path: Path, header: str) -> Path:
+    """Header, faulthandler's dump of every thread, py-spy's when installed; atomically."""
+    from scalerun.files import make_dirs, new_file_mode
+
+    make_dirs(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(header)
+        handle.flush()
+        faulthandler.dump_traceback(handle, all_threads=True)
+        spy = pyspy_dump(os.getpid())
+        if spy:
+            handle.write("\n# py-spy dump (native frames included)\n" + spy)
+    os.chmod(tmp, new_file_mode())
+    os.replace(tmp, path)
+    return path
+
+
+def pyspy_dump(pid: int) -> str | None:
+    """``py-spy dump --native`` of this process, when py-spy is on PATH; its error otherwise."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    allow_children_to_trace()
+    try:
+        done = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=PYSPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"(py-spy failed: {error})\n"
+    return done.stdout if done.returncode == 0 else f"(py-spy failed: {done.stderr.strip()})\n"
+
+
+def allow_children_to_trace() -> None:
+    """Yama's ptrace scope 1 lets a process trace only its descendants; py-spy, our child,
+    must trace us (``PR_SET_PTRACER_ANY``). Linux only; elsewhere nothing happens."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_ptracer, ptracer_any = 0x59616D61, ctypes.c_ulong(-1)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_ptracer, ptracer_any, 0, 0, 0)
+
+
+# ---------------------------------------------------------------------------
+# Telling the other ranks
+# ---------------------------------------------------------------------------
+
+
+def declare(stacks: Path, rank: int) -> None:
+    """Tell the other ranks (through the shared run directory) that this rank tripped."""
+    from scalerun.files import write_text_atomic
+
+    if not (stacks / DECLARED_FILE).exists():
+        record = {"rank": rank, "t": round(time.time(), 3)}
+        write_text_atomic(stacks / DECLARED_FILE, json.dumps(record) + "\n")
+
+
+def declared_by(stacks: Path | None, since: float) -> int | None:
+    """The rank that declared a hang at or after ``since`` (wall time), else None.
+
+    A declaration from before this process started belongs to an earlier attempt (a
+    torch elastic restart, a requeued job) and is ignored.
+    """
+    if stacks is None:
+        return None
+    try:
+        record = json.loads((stacks / DECLARED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or float(record.get("t", 0)) < since:
+        return None
+    return int(record.get("rank", -1))
+
+
+def wait_for_peers(stacks: Path | None, world_size: int, grace_s: float) -> None:
+    """Wait until every rank's stack file is there, or ``grace_s``: the launcher stops the
+    others as soon as one rank ends, so the first to trip must not end too early."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if stacks is not None and len(list(stacks.glob("rank-*.txt"))) >= world_size:
+            return
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------
+# The watchdog
+# ---------------------------------------------------------------------------
+
+
+class Watchdog:
+    """One per rank: a daemon thread that ends the rank when it stops making progress."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, run_dir: Path | None,
+                 environ: Mapping[str, str] | None = None, grace_s: float = GRACE_S) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.stacks = None if run_dir is None else run_dir / "stacks"
+        self.environ = dict(os.environ if environ is None else environ)
+        self.grace_s = grace_s
+        self.started = time.time()
+        self.poll_s = poll_interval(timeout_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scalerun-hang-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self, now: float) -> int | None:
+        """The rank whose hang ends this one (this rank's own, or a declared one), else None."""
+        if overdue(_progress.last, now, self.timeout_s):
+            return self.rank
+        return declared_by(self.stacks, self.started)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            trigger = self.check(time.monotonic())
+            if trigger is not None and not self._stop.is_set():
+                self.trip(trigger)
+
+    def trip(self, trigger: int) -> None:
+        """Write the stacks, tell the others, wait for their stacks, end the rank."""
+        frames = main_thread_frames()
+        last = _progress.last
+        idle = time.monotonic() - last if last is not None else time.time() - self.started
+        report = hang_report(rank=self.rank, world_size=self.world_size, timeout_s=self.timeout_s,
+                             idle_s=idle, declared_by=trigger, frames=frames, environ=self.environ)
+        where = self._write(report, frames)
+        print(rank_line(report, where), file=sys.stderr, flush=True)
+        wait_for_peers(self.stacks, self.world_size, self.grace_s)
+        _flush_quietly(sys.stdout)
+        _flush_quietly(sys.stderr)
+        os._exit(HANG_EXIT_CODE)
+
+    def _write(self, report: dict[str, Any], frames: list[Frame]) -> str:
+        """The stack file (or stderr without a run directory); returns where it went."""
+        header = header_text(report, frames)
+        if self.stacks is not None:
+            try:
+                if report["declared_by"] == self.rank:
+                    declare(self.stacks, self.rank)
+                return str(write_stacks(self.stacks / f"rank-{self.rank}.txt", header))
+            except (OSError, ScalerunError) as error:
+                print(f"scalerun: rank {self.rank}: cannot write stacks in {self.stacks}: {error}",
+                      file=sys.stderr, flush=True)
+        sys.stderr.write(header)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        return "the lines above (no run directory)"
+
+
+def rank_line(report: Mapping[str, Any], where: str) -> str:
+    """The one line a rank prints as it ends (into the job log, rank-prefixed)."""
+    inside = f"in a collective ({report['collective']})" if report["collective"] else "not in a collective"
+    return (f"scalerun: hang: rank {report['rank']} made no progress for {report['idle_s']:g} s "
+            f"(hang timeout {report['timeout_s']:g} s), {inside}; stacks in {where}; "
+            f"ending it with exit code {HANG_EXIT_CODE}")
+
+
+def _flush_quietly(stream: TextIO) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()
+
+
+# ---------------------------------------------------------------------------
+# The watchdog of this process
+# ---------------------------------------------------------------------------
+
+_watchdog: Watchdog | None = None
+
+
+def start(rank: int, world_size: int, timeout_s: float | None, run_dir: Path | None) -> Watchdog | None:
+    """Start this rank's watchdog (``scalerun.init`` does); None when ``timeout_s`` is None."""
+    global _watchdog
+    stop()
+    if timeout_s is None:
+        return None
+    _progress.last = _progress.step = None
+    _watchdog = Watchdog(rank=rank, world_size=world_size, timeout_s=timeout_s, run_dir=run_dir)
+    _watchdog.start()
+    return _watchdog
+
+
+def stop() -> None:
+    """Stop watching (``scalerun.shutdown``): what runs after training is not judged."""
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.stop()
+        _watchdog = None

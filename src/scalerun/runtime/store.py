@@ -1,0 +1,91 @@
+"""Where rank 0's rendezvous store listens: on the address the ranks connect to, not on all.
+
+Why: torch's ``TCPStore`` server binds the wildcard address whatever host name it is
+given (``makeWithPort`` in ``TCPStoreLibUvBackend.cpp`` binds ``::``/``0.0.0.0``;
+``SocketListenOp`` in ``socket.cpp`` asks ``getaddrinfo(nullptr, port, AI_PASSIVE)``), so
+the store that every rank trusts, and that takes no password, can be reached from every
+network of the node: management, high-speed, campus. Its ``master_listen_fd`` argument
+takes a socket that is already bound; this module binds one to the address the ranks will
+connect to, and gives torch that.
+
+Only where that address is certain:
+
+- ``MASTER_ADDR`` is an IP address: every rank connects to exactly that one;
+- every rank runs on rank 0's node: all resolve the name with the same resolver, and
+  torch's client tries each address the name resolves to (``SocketConnectOp``), so the
+  first one is among them.
+
+Elsewhere (a host name and several nodes) another node may resolve the name to another
+address of this node than rank 0 does (Debian's ``127.0.1.1`` line in ``/etc/hosts`` is
+the common case), so torch's own store is kept. Under torchrun the ranks use the agent's
+store (``TORCHELASTIC_USE_AGENT_STORE``), which torch creates inside its rendezvous
+(``_create_tcp_store``, ``_create_tcp_store_server``) with no way to hand it a socket:
+that one is left as it is too.
+
+Every rank takes the same branch (the rule reads only the placement), and the store is
+wrapped in ``PrefixStore("default_pg")`` as torch's own ``env://`` path does, so keys match.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+
+import torch.distributed as dist
+
+from scalerun import placement as placement_mod
+
+
+def listen_address(master_addr: str, num_nodes: int) -> str | None:
+    """The one address rank 0's store can listen on, or None where it is not certain."""
+    host = master_addr.strip("[]")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if num_nodes != 1:
+        return None
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return str(found[0][4][0]) if found else None
+
+
+def bound_socket(address: str, port: int) -> socket.socket | None:
+    """A socket bound to ``address:port``; None when the address is not this node's."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server
+    try:
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def rendezvous_store(where: placement_mod.Placement, timeout: datetime.timedelta,
+                     environ: Mapping[str, str] | None = None) -> dist.Store | None:
+    """The default group's store, rank 0's listening on one address; None: torch's way."""
+    env = os.environ if environ is None else environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or where.master_addr is None:
+        return None
+    address = listen_address(where.master_addr, where.num_nodes)
+    if address is None:
+        return None
+    sock = bound_socket(address, where.master_port) if where.rank == 0 else None
+    options = dict(world_size=where.world_size, is_master=where.rank == 0, timeout=timeout,
+                   multi_tenant=True)
+    if sock is None:
+        return dist.PrefixStore("default_pg", dist.TCPStore(address, where.master_port, **options))
+    fd = sock.detach()  # torch owns the descriptor from here on
+    try:
+        store = dist.TCPStore(address, where.master_port, master_listen_fd=fd, **options)
+    except TypeError:  # a torch without master_listen_fd: its own server, on all addresses
+        os.close(fd)
+        store = dist.TCPStore(address, where.master_port, **options)
+    return dist.PrefixStore("default_pg", store)

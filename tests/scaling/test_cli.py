@@ -1,0 +1,86 @@
+"""``scalerun scaling`` for real: a strong and a weak study of the example at 1 and 2 local
+ranks, and every bad input answered in one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "vit" / "train.py"
+
+
+def scaling(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scalerun", "scaling", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout)
+
+
+def example_args(tmp_path: Path) -> list[str]:
+    return [str(EXAMPLE), "--model", "tiny", "--batch-size", "{per_rank_batch}", "--samples", "800",
+            "--epochs", "100", "--data", str(tmp_path / "data.hdf5")]
+
+
+@pytest.mark.parametrize(("mode", "per_rank", "global_batch", "flags"), [
+    ("strong", [16, 8], [16, 16], ()),
+    ("weak", [8, 8], [8, 16], ("--no-busbw",)),
+])
+def test_a_study_of_the_example_at_one_and_two_ranks(tmp_path, mode, per_rank, global_batch, flags) -> None:
+    out = tmp_path / "study"
+    batch = "16" if mode == "strong" else "8"
+    done = scaling("--ranks", "1,2", "--mode", mode, "--batch", batch, "--steps", "12", "--warmup-steps", "3",
+                   "--out", str(out), *flags, "--", *example_args(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    sizes = sorted(results["sizes"], key=lambda s: s["ranks"])
+    assert [s["ranks"] for s in sizes] == [1, 2]
+    assert [s["per_rank_batch"] for s in sizes] == per_rank
+    assert [s["global_batch"] for s in sizes] == global_batch
+    assert all(s["status"] == "ok" and 0 < s["efficiency"] <= 1.5 for s in sizes)
+    assert all(s["metrics"]["steady_steps"] == 9 for s in sizes)
+    if mode == "weak":
+        assert "global batch grows" in (out / "report.md").read_text() or any(
+            v["topic"] == "batch" and "grow" in v["message"] for v in results["verdicts"])
+    else:
+        assert results["busbw"]["gbs"] > 0 and results["model"] is not None
+    # a second call finds both sizes done and runs nothing again
+    again = scaling("--ranks", "1,2", "--mode", mode, "--batch", batch, "--steps", "12", "--warmup-steps", "3",
+                    "--out", str(out), "--no-busbw", "--", *example_args(tmp_path), timeout=120)
+    assert again.returncode == 0 and all(s["resumed"] for s in json.loads((out / "results.json").read_text())["sizes"])
+
+
+BAD = [
+    (("--ranks", "", "--batch", "8"), "--ranks is empty"),
+    (("--ranks", "2,1", "--batch", "8"), "--ranks"),
+    (("--ranks", "1,2", "--batch", "3"), "3"),  # a global batch that does not divide
+    (("--ranks", "1,2", "--batch", "8", "--no-placeholder"), "{per_rank_batch}"),
+    (("--nodes", "1,2", "--site", "no-such-site"), "no-such-site"),
+    (("--ranks", "1,2", "--batch", "8", "--out", "/proc/no/such"), "--out"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD)
+def test_bad_input_is_one_line_before_anything_runs(tmp_path, flags, message) -> None:
+    args = [flag for flag in flags if flag != "--no-placeholder"]
+    script = [str(EXAMPLE)] if "--no-placeholder" in flags else [str(EXAMPLE), "--batch-size", "{per_rank_batch}"]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "study")]
+    done = scaling(*args, *out, "--", *script, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "study" / "runs").exists()
+
+
+def test_a_size_above_this_nodes_gpus_is_refused(tmp_path) -> None:
+    """On a node with one GPU (the laptop fixture) two NCCL ranks cannot run: refused first."""
+    from tests.fixtures.make_sysfs import build_tree
+
+    root = build_tree("laptop", tmp_path / "laptop")
+    env = {**os.environ, "SCALERUN_SYSFS": str(root)}
+    done = subprocess.run([sys.executable, "-m", "scalerun", "scaling", "--ranks", "1,2", "--batch", "8",
+                           "--out", str(tmp_path / "s"), "--", str(EXAMPLE), "--batch-size", "{per_rank_batch}"],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert done.returncode == 2 and "1 GPU" in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -1,0 +1,153 @@
+"""Preemption on the real SLURM test cluster: warned, saved, requeued, resumed, the same weights.
+
+A job trains the example (tiny ViT, 2 nodes x 1 rank, gloo on CPU) with ``--checkpoint``
+and ``--requeue``; halfway, the test sends the warning the way SLURM does before a time
+limit, ``scancel --signal=USR1 --batch JOB``. The job script passes it to the training
+step, every rank finishes its step and saves, the script requeues the job, and the job,
+started again, resumes from the saved step. A job that is never warned trains the same
+steps: the final weights of both are equal bit for bit, in srun and torchrun mode.
+
+The test cluster's slurm.conf lets a requeued job start again after 10 s (its
+``AuthInfo=cred_expire``) instead of SLURM's default 120 s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = 1024  # 819 training images: 52 steps an epoch at 8 per rank and step, 2 ranks
+EPOCHS = 5
+STEPS = 52 * EPOCHS
+JOB_TIMEOUT_S = 420
+
+
+@pytest.fixture(scope="module")
+def vit_data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vit") / "data.h5"
+    subprocess.run([sys.executable, "examples/vit/make_data.py", "--out", str(path), "--samples", str(SAMPLES)],
+                   cwd=REPO, check=True, capture_output=True, timeout=120)
+    return path
+
+
+def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str) -> str:
+    """``scalerun launch`` of the example, without waiting; returns the job id."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerun", "launch", "--nodes", "2", "--gpus-per-node", "1",
+         "--cpus-per-task", "1", "--mode", mode, "--no-check", "--run-dir", str(run_dir),
+         "--checkpoint", str(run_dir / "ckpt"), *flags,
+         "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS), "--batch-size", "8",
+         "--num-workers", "1", "--data", str(data), "--no-generate", "--out", str(run_dir / "model.pt")],
+        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"submitted job (\d+)", done.stdout).group(1)
+
+
+def job_fields(cluster, job_id: str) -> dict[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env,
+                           capture_output=True, text=True, timeout=30).stdout
+    return dict(part.split("=", 1) for part in shown.split() if "=" in part)
+
+
+def trained_an_epoch(cluster, run_dir: Path, job_id: str) -> bool:
+    """The warning's moment: the first epoch line is in the job log (or the job ended)."""
+    log = run_dir / f"slurm-{job_id}.out"
+    return (log.is_file() and "epoch 1: train loss" in log.read_text(errors="replace")) or finished(cluster, job_id)
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    """Steps in rank 0's step log, in the order written (the log is flushed every 5 s)."""
+    path = run_dir / "steps" / "rank-0.jsonl"
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return [record["step"] for record in records if record["kind"] == "step"]
+
+
+def wait_until(condition, what: str, timeout_s: float = JOB_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def finished(cluster, job_id: str) -> bool:
+    return job_fields(cluster, job_id).get("JobState") in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
+
+
+def log_of(run_dir: Path, job_id: str) -> str:
+    return (run_dir / f"slurm-{job_id}.out").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster, vit_data, tmp_path_factory) -> Path:
+    """The reference: the same job, never warned (no requeue needed)."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    job_id = submit(slurm_cluster, run_dir, vit_data, "srun")
+    wait_until(lambda: finished(slurm_cluster, job_id), f"job {job_id}")
+    fields = job_fields(slurm_cluster, job_id)
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), log_of(run_dir, job_id)
+    return run_dir
+
+
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
+    slurm_cluster, vit_data, uninterrupted, tmp_path, mode
+):
+    job_id = submit(slurm_cluster, tmp_path, vit_data, mode, "--requeue")
+    wait_until(lambda: trained_an_epoch(slurm_cluster, tmp_path, job_id), f"an epoch of job {job_id}")
+    warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
+                            capture_output=True, text=True, timeout=30)
+    assert warned.returncode == 0, warned.stderr
+    wait_until(lambda: finished(slurm_cluster, job_id), f"job {job_id} to end")
+    log = log_of(tmp_path, job_id)
+
+    # 1. it requeued itself, once, and then completed
+    fields = job_fields(slurm_cluster, job_id)
+    assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == ("COMPLETED", "1", "0:0"), log
+    stopped = re.search(r"SIGUSR1: every rank stopped after step (\d+); checkpoint (\S+)", log)
+    assert stopped, log
+    step, saved = int(stopped.group(1)), stopped.group(2)
+    assert 52 <= step < STEPS and saved == str(tmp_path / "ckpt" / f"step-{step:08d}")
+    assert f"scalerun: saved {saved}; job {job_id} requeues itself (restart 1)" in log
+
+    # 2. it resumed at the saved step: the step log goes on from there (appended, not clobbered)
+    assert f"scalerun: resumed from step {step} ({saved};" in log
+    assert steps_logged(tmp_path) == list(range(1, STEPS + 1))
+    last_epoch = re.compile(rf"epoch {EPOCHS}: train loss \S+, val loss \S+, val accuracy \S+ \S+")
+    reference_log = "".join(p.read_text() for p in uninterrupted.glob("slurm-*.out"))
+    assert last_epoch.search(log).group(0) == last_epoch.search(reference_log).group(0)
+
+    # 3. the final weights are the uninterrupted run's, bit for bit
+    resumed = torch.load(tmp_path / "model.pt", weights_only=True)
+    straight = torch.load(uninterrupted / "model.pt", weights_only=True)
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[name], straight[name]) for name in straight)
+
+
+def test_without_requeue_the_warned_job_ends_cleanly_and_says_where_the_checkpoint_is(
+    slurm_cluster, vit_data, tmp_path
+):
+    job_id = submit(slurm_cluster, tmp_path, vit_data, "srun")
+    wait_until(lambda: trained_an_epoch(slurm_cluster, tmp_path, job_id), f"an epoch of job {job_id}")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
+                   check=True, capture_output=True, timeout=30)
+    wait_until(lambda: finished(slurm_cluster, job_id), f"job {job_id} to end")
+    log = log_of(tmp_path, job_id)
+    fields = job_fields(slurm_cluster, job_id)
+    assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == ("COMPLETED", "0", "0:0"), log
+    saved = re.search(r"every rank stopped after step \d+; checkpoint (\S+)", log).group(1)
+    assert (f"scalerun: job {job_id} stopped cleanly before its time limit; checkpoint {saved}; "
+            "submit this script again to continue") in log
+    assert not (tmp_path / "model.pt").exists() and (Path(saved) / "meta.json").is_file()
