@@ -53,6 +53,7 @@ bench: $(VENV)/.installed $(VENV)/.extras
 	$(PY) benchmarks/gpu_bound.py
 	$(PY) benchmarks/example_gpu.py
 	$(PY) benchmarks/launch.py
+	$(PY) benchmarks/steplog.py
 	$(PY) benchmarks/memory.py
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its

@@ -25,6 +25,11 @@ LUMI_FACTS = [
     ("node.reserved_cores", (0, 8, 16, 24, 32, 40, 48, 56)),
     ("network.interfaces", ("hsn0", "hsn1", "hsn2", "hsn3")),
     ("container.runtime", "singularity"),
+    ("container.activate", ("$WITH_CONDA",)),  # the course's AI containers
+    ("container.modules.load", ("singularity-AI-bindings",)),
+    ("network.nic_gbits", 200.0),  # Slingshot-11
+    ("network.nics_per_node", 4),
+    ("env", {"CXX": "g++-12"}),  # DeepSpeed's JIT builds inside the containers (course)
     (
         "task_env",
         {
@@ -44,6 +49,14 @@ def attribute(obj, path: str):
 @pytest.mark.parametrize(("path", "value"), LUMI_FACTS)
 def test_lumi_g_profile(path, value):
     assert attribute(load_site("lumi-g"), path) == value
+
+
+def test_link_share_per_rank_from_the_stated_nics():
+    """LUMI-G: 4 x 200 Gb/s for 8 GCDs is 12.5 GB/s each; the NVIDIA profile 50 GB/s per GPU."""
+    assert load_site("lumi-g").network.link_share_gbs(8) == pytest.approx(12.5)
+    assert load_site("lumi-g").network.link_share_gbs(2) == pytest.approx(50.0)
+    assert load_site("nvidia").network.link_share_gbs(8) == pytest.approx(50.0)
+    assert load_site("local").network.link_share_gbs(2) is None  # states no NICs: no share
 
 
 def test_lumi_g_mounts_the_slingshot_libraries():

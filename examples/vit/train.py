@@ -186,6 +186,7 @@ def train_epoch(
         loss = F.cross_entropy(model(images).float(), labels)
         model.backward(loss)  # gradients are averaged (or sharded) over ranks here
         model.step()  # optimizer step and zero grad, the same for every strategy
+        scalerun.log(loss=loss)  # into the run directory's step log; no sync, kept as a tensor
         loss_sum += loss.detach() * len(labels)  # stays on the device: no sync per step
         seen += len(labels)
         steps += 1
@@ -282,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         val_loss, correct, count = evaluate(model, val_loader, ctx.device)
         correct, count = scalerun.reduce(correct), scalerun.reduce(count)  # exact int sums
         val_loss = scalerun.reduce(val_loss) / count
+        scalerun.log(val_loss=val_loss, val_accuracy=correct / count)
         scalerun.print(
             f"epoch {epoch}: train loss {train_loss:.4f}, val loss {val_loss:.4f}, "
             f"val accuracy {100 * correct / count:.2f}% ({correct}/{count}), "

@@ -32,6 +32,7 @@ CASES = [
     # (benchmark, seconds it may take here, words its table must show)
     ("loader", 60, ["per-sample float32", "batched uint8", "per worker"]),
     ("overhead", 120, ["course", "scalerun", "/ course"]),
+    ("steplog", 120, ["step-log calls per step", "loop with / without log"]),
 ]
 
 

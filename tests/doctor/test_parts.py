@@ -12,6 +12,7 @@ from scalerun.doctor import rank as rank_module
 from scalerun.doctor.checks import (
     FAIL,
     PASS,
+    WARN,
     allreduce_verdict,
     bandwidth_verdict,
     barrier_verdict,
@@ -132,7 +133,20 @@ def test_collective_verdicts() -> None:
     assert wrong.level == FAIL and wrong.details == ("rank 1 on nid005001: 3 wrong element(s)",)
     rows = [BandwidthRow(2**20, 2**18, 100.0, 10.5, 19.7), BandwidthRow(2**26, 2**24, 3000.0, 22.4, 42.0)]
     assert bandwidth_verdict(rows, 50.0, 16)[0].level == FAIL
-    assert bandwidth_verdict(rows, 40.0, 16)[0].message == "peak busbw 42 GB/s at 67108864 B"
+    assert bandwidth_verdict(rows, 40.0, 16)[0].message.startswith("peak busbw 42 GB/s at 67108864 B (algbw ")
+
+
+@pytest.mark.parametrize(("busbw", "level", "share"), [(10.0, PASS, "80%"), (3.0, WARN, "24%")])
+def test_bandwidth_is_compared_with_the_sites_link_share(busbw, level, share) -> None:
+    """LUMI-G: 4 x 200 Gb/s NICs for 8 GCDs is 12.5 GB/s per rank across nodes."""
+    from scalerun.sites import load_site
+
+    link = load_site("lumi-g").network.link_share_gbs(8)
+    assert link == 12.5
+    row = BandwidthRow(size_bytes=64 << 20, count=16 << 20, time_us=1.0, algbw_gbs=busbw / 1.875,
+                       busbw_gbs=busbw)
+    verdict = bandwidth_verdict([row], None, 16, link)[0]
+    assert verdict.level == level and f"{share} of the 12.5 GB/s of NIC bandwidth per rank" in verdict.message
 
 
 def lumi_report() -> Report:

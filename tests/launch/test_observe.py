@@ -53,6 +53,21 @@ def launch(tmp_path: Path, *flags: str, steps: int = 30, pause: float = 0.0,
         env={**os.environ, **(env or {})})
 
 
+def test_one_rank_logs_no_communication_rather_than_an_unknown(tmp_path: Path) -> None:
+    """With one rank DDP has nothing to all-reduce: no comm hook (it would cost a small
+    step ~6 %), and the log says comm_s 0, so reports do not show it as unmeasured."""
+    run = tmp_path / "run"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN))
+    done = subprocess.run([sys.executable, str(script), "6", "0"], capture_output=True, text=True,
+                          cwd=REPO, timeout=240, env={**os.environ, "SCALERUN_RUN_DIR": str(run)})
+    assert done.returncode == 0, done.stderr
+    records = read_jsonl(step_logs(run)[0])
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert all(r["comm_s"] == 0.0 and r["bwd_s"] > 0 for r in steps)
+
+
 def test_two_ranks_leave_step_logs_monitor_samples_and_one_trace(tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = launch(tmp_path, "--run-dir", str(run), "--profile-ranks", "1", "--monitor-interval", "0.2",
@@ -68,6 +83,7 @@ def test_two_ranks_leave_step_logs_monitor_samples_and_one_trace(tmp_path: Path)
         meta, steps = records[0], records[1:]
         assert meta["kind"] == "meta" and meta["rank"] == rank and meta["strategy"] == "ddp"
         assert meta["grad_bytes"] == (16 * 32 + 32 + 32 * 4 + 4) * 4
+        assert meta["cpus"] and set(meta["cpus"]) <= os.sched_getaffinity(0)  # the rank's own, after binding
         assert [r["step"] for r in steps] == list(range(1, 31))
         assert all(r["samples"] == 8 and r["comm_s"] is not None and r["fwd_s"] > 0 for r in steps)
         assert all(set(r["scalars"]) == {"loss", "lr"} for r in steps)
@@ -156,7 +172,7 @@ DEBUG_RANK = """
     import os, pathlib, shutil, scalerun
     ctx = scalerun.init()
     print("debug", *(os.environ.get(name) for name in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
-          "MIOPEN_ENABLE_LOGGING", "AMD_LOG_LEVEL")), flush=True)
+          "MIOPEN_ENABLE_LOGGING", "MIOPEN_LOG_LEVEL", "AMD_LOG_LEVEL")), flush=True)
     # what NCCL would write where it is told to (this CPU test has no NCCL): a recorded log
     target = os.environ["NCCL_DEBUG_FILE"].replace("%h", "node").replace("%p", str(os.getpid()))
     pathlib.Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +192,7 @@ def test_debug_switches_reach_every_rank_and_their_logs_are_read_after(tmp_path:
         timeout=180, env={**os.environ, "RECORDED_LOG": str(recorded)})
     assert done.returncode == 0, done.stderr
     rows = [line.split("debug ", 1)[1].split() for line in done.stdout.splitlines() if "debug " in line]
-    assert rows == [["INFO", "INIT,NET", "1", "3"]] * 2
+    assert rows == [["INFO", "INIT,NET", "1", "5", "3"]] * 2
     assert len(list((run / "logs").glob("nccl.node.*.log"))) == 2
     findings = [line for line in done.stderr.splitlines() if "log(s)" in line or "NCCL/RCCL" in line]
     assert findings[0].startswith("scalerun launch: NCCL/RCCL logs: 2 file(s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from scalerun.launch import slurm_cli
 from scalerun.launch.slurm import program_words
 from scalerun.launch.tail import tail_whole_lines
 from scalerun.netconf.decide import RankFacts, decide_environment
-from scalerun.runtime import hang
+from scalerun.runtime import hang, stacks
 from scalerun.runtime.init import _timeout
 from scalerun.sites.profile import SiteProfile, build
 
@@ -63,32 +64,32 @@ def test_a_bad_hang_timeout_variable_is_one_line(text, message):
 
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
-USER = hang.Frame("/home/u/train.py", 42, "main")
+USER = stacks.Frame("/home/u/train.py", 42, "main")
 
 
 @pytest.mark.parametrize(("frames", "world", "expected"), [
-    ([hang.Frame(f"{TORCH}/distributed/distributed_c10d.py", 2900, "all_reduce"),
-      hang.Frame(f"{TORCH}/distributed/c10d_logger.py", 80, "wrapper"), USER], 2,
+    ([stacks.Frame(f"{TORCH}/distributed/distributed_c10d.py", 2900, "all_reduce"),
+      stacks.Frame(f"{TORCH}/distributed/c10d_logger.py", 80, "wrapper"), USER], 2,
      "torch.distributed all_reduce"),
-    ([hang.Frame(f"{TORCH}/nn/parallel/distributed.py", 1600, "_sync_buffers"), USER], 2,
+    ([stacks.Frame(f"{TORCH}/nn/parallel/distributed.py", 1600, "_sync_buffers"), USER], 2,
      "DDP _sync_buffers"),
-    ([hang.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"), USER], 2,
+    ([stacks.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"), USER], 2,
      "gradient all-reduce in backward"),
-    ([hang.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"), USER], 1, None),
-    ([hang.Frame("/venv/site-packages/horovod/torch/mpi_ops.py", 10, "synchronize"), USER], 4,
+    ([stacks.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"), USER], 1, None),
+    ([stacks.Frame("/venv/site-packages/horovod/torch/mpi_ops.py", 10, "synchronize"), USER], 4,
      "horovod synchronize"),
-    ([hang.Frame("/usr/lib/python3.11/threading.py", 300, "wait"), USER], 2, None),
+    ([stacks.Frame("/usr/lib/python3.11/threading.py", 300, "wait"), USER], 2, None),
     ([USER], 2, None),
 ])
 def test_which_frames_mean_waiting_in_a_collective(frames, world, expected):
-    assert hang.collective_of(frames, world) == expected
+    assert stacks.collective_of(frames, world) == expected
 
 
 def test_the_users_own_frame_is_named():
-    frames = [hang.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"),
-              hang.Frame("/src/scalerun/runtime/wrap.py", 100, "backward"), USER]
-    assert hang.user_frame(frames, (TORCH + "/", "/src/scalerun/")) == USER
-    assert hang.user_frame(frames[:1], (TORCH + "/",)) == frames[0]  # no user frame: innermost
+    frames = [stacks.Frame(f"{TORCH}/autograd/graph.py", 979, "_engine_run_backward"),
+              stacks.Frame("/src/scalerun/runtime/wrap.py", 100, "backward"), USER]
+    assert stacks.user_frame(frames, (TORCH + "/", "/src/scalerun/")) == USER
+    assert stacks.user_frame(frames[:1], (TORCH + "/",)) == frames[0]  # no user frame: innermost
 
 
 @pytest.mark.parametrize(("flag", "environ", "site", "expected"), [
@@ -193,7 +194,7 @@ def stack_file(folder: Path, rank: int, *, world: int = 4, collective: str | Non
               "where": {"file": where[0], "line": where[1], "function": where[2]}}
     (folder / "stacks").mkdir(parents=True, exist_ok=True)
     (folder / "stacks" / f"rank-{rank}.txt").write_text(
-        hang.HEADER_PREFIX + json.dumps(report) + "\n# ...\nThread 0x1 (most recent call first):\n")
+        stacks.HEADER_PREFIX + json.dumps(report) + "\n# ...\nThread 0x1 (most recent call first):\n")
 
 
 ALLREDUCE = "torch.distributed all_reduce"
@@ -260,7 +261,7 @@ def test_a_half_written_line_waits_for_its_newline(tmp_path):
 WATCHED = """
     import sys, time
     from pathlib import Path
-    from scalerun.runtime import hang
+    from scalerun.runtime import hang, stacks
     run_dir, timeout, pattern = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     hang.start(3, 1, timeout, run_dir)  # one rank: no peer stacks to wait for
     print("ready", flush=True)
@@ -286,7 +287,7 @@ def watched(tmp_path: Path, timeout: float, pattern: str) -> subprocess.Popen:
 
 def header(path: Path) -> dict:
     first = path.read_text().splitlines()[0]
-    return json.loads(first[len(hang.HEADER_PREFIX):])
+    return json.loads(first[len(stacks.HEADER_PREFIX):])
 
 
 def test_a_stuck_rank_writes_its_stacks_and_ends(tmp_path):
@@ -398,3 +399,20 @@ def test_a_rank_lost_once_is_restarted_and_the_job_resumes_and_finishes(tmp_path
     assert "[rank0]: attempt 0 starts at step 0" in done.stdout
     assert "[rank0]: attempt 1 starts at step 3" in done.stdout  # the last complete checkpoint
     assert "[rank0]: finished at step 6" in done.stdout
+
+
+@pytest.mark.slurm
+def test_a_hang_on_slurm_is_explained_by_launch_wait(slurm_cluster, tmp_path):
+    script = tmp_path / "hanging.py"
+    script.write_text(textwrap.dedent(HANGING))
+    run = tmp_path / "run"
+    done = subprocess.run([*SCALERUN, "launch", "--nodes", "2", "--nproc-per-node", "1",
+                           "--hang-timeout", "15", "--wait", "--run-dir", str(run), str(script)],
+                          cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    first, second = done.stderr.strip().splitlines()[-2:]
+    assert re.search(r"job \d+ FAILED \(exit code \d+\): hang: no progress for 15 s", first), first
+    assert "rank 0 waited in a collective" in first and "rank 1 did not" in first
+    assert second.endswith(f"{run / 'stacks'}/ (start with rank-1.txt)")
+    log = next(run.glob("slurm-*.out")).read_text()
+    assert "scalerun: hang: rank 1 made no progress" in log  # each rank says it in the job log

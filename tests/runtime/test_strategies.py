@@ -458,3 +458,21 @@ def test_horovod_environment_keeps_the_users_tunables_and_refuses_stale_rendezvo
     assert merged == {"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4100"}
     with pytest.raises(ScalerunError, match="HOROVOD_GLOO_RENDEZVOUS_PORT=9999"):
         merge_horovod_environment(wanted, {"HOROVOD_GLOO_RENDEZVOUS_PORT": "9999"})
+
+
+def test_horovod_stall_shutdown_follows_the_hang_timeout_and_the_user_wins() -> None:
+    from types import SimpleNamespace
+
+    from scalerun.runtime.strategies.horovod import horovod_environment, merge_horovod_environment
+
+    ctx = SimpleNamespace(placement=SimpleNamespace(master_addr="nid000001", num_nodes=2),
+                          node_rank=1, rank=5, world_size=8, local_rank=1, local_world_size=4)
+    without = horovod_environment(ctx, 4100, "hsn0")
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" not in without
+    assert without["HOROVOD_RANK"] == "5" and without["HOROVOD_CROSS_SIZE"] == "2"
+    wanted = horovod_environment(ctx, 4100, "hsn0", hang_timeout=1800.0)
+    assert wanted["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "1800"
+    assert horovod_environment(ctx, 4100, "hsn0", hang_timeout=0.2)[
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "1"
+    kept = merge_horovod_environment(wanted, {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"})
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" not in kept

@@ -29,6 +29,8 @@ class ToyRun:
     start: float = 1_000.0
     loss: list[float] = field(default_factory=list)
     """Loss logged on rank 0 at each step (nothing when empty)."""
+    node_cpus: int | None = None
+    """CPUs of the (one) node: rank r runs on CPU r mod node_cpus; None: no ``cpus`` in the meta."""
 
     @property
     def dt(self) -> float:
@@ -38,7 +40,8 @@ class ToyRun:
 def meta(run: ToyRun, rank: int) -> dict:
     return {"kind": "meta", "rank": rank, "world_size": run.world, "local_rank": rank, "node": "node0",
             "host": "node0", "strategy": "ddp", "device": "cpu", "params": 1000,
-            "grad_bytes": run.grad_bytes, "start": run.start}
+            "grad_bytes": run.grad_bytes, "start": run.start,
+            **({"cpus": [rank % run.node_cpus]} if run.node_cpus else {})}
 
 
 def step(run: ToyRun, rank: int, number: int) -> dict:

@@ -42,6 +42,7 @@ def test_a_study_of_the_example_at_one_and_two_ranks(tmp_path, mode, per_rank, g
     assert [s["global_batch"] for s in sizes] == global_batch
     assert all(s["status"] == "ok" and 0 < s["efficiency"] <= 1.5 for s in sizes)
     assert all(s["metrics"]["steady_steps"] == 9 for s in sizes)
+    assert all(s["metrics"]["loss"] > 0 for s in sizes)  # the example logs its loss each step
     if mode == "weak":
         assert "global batch grows" in (out / "report.md").read_text() or any(
             v["topic"] == "batch" and "grow" in v["message"] for v in results["verdicts"])

@@ -45,6 +45,7 @@ class ToyCluster:
     own_batch: int | None = None
     """A per-rank batch the script keeps whatever it is given (it ignores the placeholder)."""
     ran: list[str] = field(default_factory=list)
+    node_cpus: int | None = None
 
     def __call__(self, size: Size, run_dir: Path) -> RunOutcome:
         self.ran.append(size.label)
@@ -59,7 +60,8 @@ class ToyCluster:
         comm = allreduce_seconds(GRAD_BYTES, size.ranks, BUSBW)
         write_run(run_dir, ToyRun(world=size.ranks, steps=self.steps, samples=per_rank,
                                   fwd_s=per_rank * SECONDS_PER_SAMPLE, bwd_s=comm, comm_s=comm if size.ranks > 1 else None,
-                                  grad_bytes=GRAD_BYTES, loss=[1.0 / n for n in range(1, self.steps + 1)]))
+                                  grad_bytes=GRAD_BYTES, loss=[1.0 / n for n in range(1, self.steps + 1)],
+                                  node_cpus=self.node_cpus))
         return RunOutcome(exit_code=0, log=log)
 
 
@@ -101,6 +103,22 @@ def test_strong_study_finds_communication(tmp_path: Path) -> None:
     assert "strong scaling keeps the global batch at 64" in verdicts["batch"]
     assert out.exit_code == 0 and out.summary.rows[-1].size.ranks == 4
     assert "[3/3] 4 ranks, per-rank batch 16" in shown and "4 ranks: done" in shown
+
+
+def test_ranks_that_shared_cores_are_named_first(tmp_path: Path) -> None:
+    """4 ranks on a 2-CPU node took turns on cores: the study says so before the limit."""
+    out, _ = study(tmp_path, ToyCluster(node_cpus=2))
+    topics = [v.topic for v in out.summary.verdicts]
+    assert topics[0] == "cores" and "limit" in topics
+    message = out.summary.verdicts[0].message
+    assert message.startswith("from 4 ranks the ranks shared CPUs (4 ranks on 2 CPU(s) of node0)")
+    assert "CPU contention, not communication" in message
+    limit = next(v.message for v in out.summary.verdicts if v.topic == "limit")
+    assert limit.startswith("CPU contention stops the scaling: at 4 ranks efficiency is 35%")
+    enough, _ = study(tmp_path / "enough", ToyCluster(node_cpus=4))
+    assert "cores" not in [v.topic for v in enough.summary.verdicts]
+    unknown, _ = study(tmp_path / "unknown", ToyCluster())  # logs without cpus: nothing claimed
+    assert "cores" not in [v.topic for v in unknown.summary.verdicts]
 
 
 def test_reports_say_the_verdicts(tmp_path: Path) -> None:

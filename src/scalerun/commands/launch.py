@@ -116,10 +116,11 @@ def hang_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
     from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
     from scalerun.sites import load_site, site_name
 
-    if args.hang_timeout is None and HANG_TIMEOUT_VARIABLE in environ:
+    if args.hang_timeout is not None:
+        return hang.local_rank_env(args.hang_timeout, 0, environ)
+    if HANG_TIMEOUT_VARIABLE in environ:
         return {}
-    default = load_site(site_name(None, environ)).runtime.hang_timeout
-    return hang.local_rank_env(args.hang_timeout, default, environ)
+    return hang.variable(load_site(site_name(None, environ)).runtime.hang_timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -681,8 +681,17 @@ def allreduce_verdict(results: Sequence[AllreduceResult], hosts: Mapping[int, st
                    tuple(bad), tuple(sorted({hosts.get(r, "?") for r in bad})), tuple(details))
 
 
-def bandwidth_verdict(rows: Sequence[BandwidthRow], min_busbw: float | None, world: int) -> list[Verdict]:
-    """The largest all-reduce reaches the expected bus bandwidth (when one is given)."""
+LOW_LINK_SHARE = 0.4
+"""Below 40 % of the NICs' share per rank, something is likely in the way (most often a
+fallback to TCP sockets). Not a tight bound: hierarchical algorithms (tree, NVLS) send
+less per rank over the network, so healthy jobs can read above 100 %."""
+
+
+def bandwidth_verdict(rows: Sequence[BandwidthRow], min_busbw: float | None, world: int,
+                      link_gbs: float | None = None) -> list[Verdict]:
+    """The largest all-reduce reaches the expected bus bandwidth (when one is given), and how
+    it compares with the share of NIC bandwidth each rank has (``link_gbs``: from the site
+    profile, only across nodes)."""
     if not rows:
         return []
     if world == 1:
@@ -693,7 +702,17 @@ def bandwidth_verdict(rows: Sequence[BandwidthRow], min_busbw: float | None, wor
         return [Verdict(FAIL, "bandwidth",
                         f"busbw {last.busbw_gbs:.3g} GB/s at {last.size_bytes} B is below the expected {min_busbw:g} GB/s",
                         "see the bad-node search below; check the plugin and interfaces verdicts")]
-    return [passed("bandwidth", f"peak busbw {peak.busbw_gbs:.3g} GB/s at {peak.size_bytes} B")]
+    message = (f"peak busbw {peak.busbw_gbs:.3g} GB/s at {peak.size_bytes} B "
+               f"(algbw {peak.algbw_gbs:.3g} GB/s)")
+    if link_gbs is None:
+        return [passed("bandwidth", message)]
+    share = peak.busbw_gbs / link_gbs
+    message += f"; {share:.0%} of the {link_gbs:.3g} GB/s of NIC bandwidth per rank the site states"
+    if share < LOW_LINK_SHARE:
+        return [Verdict(WARN, "bandwidth", message,
+                        "far below the links: check the plugin and interfaces verdicts, and "
+                        "run with --debug nccl to see which transport the library used")]
+    return [passed("bandwidth", message)]
 
 
 def bisection_verdicts(result: Bisection) -> list[Verdict]:

@@ -199,7 +199,8 @@ def check_collectives(stage: Stage, facts: list[Facts], barrier: Any, barrier_ve
     facts = [replace(fact, transport=transport) for fact, transport in zip(facts, transports, strict=True)]
     bisection = search_bad_nodes(stage, facts, healthy, rows)
     verdicts = [barrier_verdict, checks.allreduce_verdict(sums, stage.hosts),
-                *checks.bandwidth_verdict(rows, options.min_busbw, ctx.world_size)]
+                *checks.bandwidth_verdict(rows, options.min_busbw, ctx.world_size,
+                                          link_share(stage, facts))]
     verdicts += checks.bisection_verdicts(bisection) if bisection else []
     return _report(stage, facts, verdicts, barrier=barrier, bandwidth=rows, bisection=bisection)
 
@@ -208,6 +209,17 @@ def _report(stage: Stage, facts: list[Facts], collective_verdicts: list[checks.V
     verdicts = checks.run_checks(facts, expect_world=stage.options.expect_world) + collective_verdicts
     return Report(world_size=stage.ctx.world_size, facts=tuple(facts), verdicts=tuple(verdicts),
                   site=stage.site_name, notes=tuple(stage.notes), **parts)
+
+
+def link_share(stage: Stage, facts: list[Facts]) -> float | None:
+    """The site's NIC bandwidth per rank, where ranks talk across nodes (else None)."""
+    from scalerun.sites import resolve_site
+
+    nodes = set(checks.node_labels(facts).values())
+    if len(nodes) < 2:
+        return None
+    site = resolve_site(stage.options.site)
+    return site.network.link_share_gbs(max(fact.local_world_size for fact in facts))
 
 
 def search_bad_nodes(stage: Stage, facts: list[Facts], healthy: bool,

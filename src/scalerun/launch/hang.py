@@ -25,7 +25,8 @@ from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.rundir import STACKS
-from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE, HEADER_PREFIX
+from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
+from scalerun.runtime.stacks import HEADER_PREFIX
 from scalerun.topology.cpulist import format_cpulist
 
 FLAG = "--hang-timeout"

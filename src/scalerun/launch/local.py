@@ -215,7 +215,8 @@ def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -
     from scalerun.launch.hang import hang_lines
     from scalerun.runtime.hang import HANG_EXIT_CODE
 
-    hang = hang_lines(run_dir, since) if failure and code == HANG_EXIT_CODE else []
+    ended_by_watchdog = code == HANG_EXIT_CODE or f"exit code {HANG_EXIT_CODE}" in (failure or "")
+    hang = hang_lines(run_dir, since) if failure and ended_by_watchdog else []
     if hang:
         return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
     return [failure] if failure else []

@@ -421,23 +421,41 @@ CHECK_ARGS = ("--quick", "--timeout=60")
 """What the job's first step runs on every rank: the short doctor (see doctor.options)."""
 
 
+CHECK_PROGRAM = (
+    "import sys\n"
+    "try:\n"
+    "    from scalerun.doctor.rank import main\n"
+    "except ImportError:\n"
+    "    sys.exit(3)\n"
+    "sys.exit(main(sys.argv[1:]))"
+)
+"""The check as the job's Python runs it: exit 3 where that Python has no scalerun (a
+container image with only the user's own stack), so the check is skipped, not failed."""
+CHECK_UNAVAILABLE = 3
+
+
 def _check_step(job: SlurmJob) -> list[str]:
     """The doctor's short check as the job's first step, started exactly like the training
     (same srun options, binding, container and mode) so that it sees what training will;
-    a FAIL (non-zero exit) ends the job here. It runs unprofiled and unsampled."""
+    a FAIL (non-zero exit) ends the job here. It runs unprofiled and unsampled, and is
+    skipped, with a line, where the job's Python cannot import scalerun."""
     if not job.check:
         return []
     site = (f"--site={job.site}",) if job.site else ()
-    check = replace(job, script="scalerun.doctor.rank", entry="module",
-                    script_args=(*CHECK_ARGS, *site))
+    check = replace(job, script=job.python, entry="executable",
+                    script_args=("-c", CHECK_PROGRAM, *CHECK_ARGS, *site))
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(check)]
+    skipped = shell_quote("scalerun: the check was skipped: the job's python cannot import "
+                          "scalerun (install it there, or pass --no-check)")
     return [
         "# --- check every rank first (scalerun doctor --quick); a FAIL ends the job here ---",
+        "check=0",
         "(",
         "    unset SCALERUN_PROFILE_RANKS SCALERUN_PROFILER",
         "    export SCALERUN_MONITOR=0",
         "    " + " \\\n        ".join(rendered),
-        ")",
+        ") || check=$?",
+        f"if (( check == {CHECK_UNAVAILABLE} )); then echo {skipped}; elif (( check )); then exit \"$check\"; fi",
         "",
     ]
 

@@ -6,7 +6,7 @@ rank's log file to the console, line by line, prefixed ``[rankN]:``. Its tailer
 file that is a line still being written: ``print`` under ``python -u`` writes the text
 and its newline in two calls, so a rank caught between them shows as
 ``[rank12]: text[rank3]: other line``. Seen here with 16 ranks printing 300 lines each:
-about one broken line in 2,400. This tailer keeps a partial line until its newline (or
+0 to 4 of 4,800 lines cut per run. This tailer keeps a partial line until its newline (or
 the rank's end) arrives, and writes each prefixed line in one call under one lock.
 
 :func:`install` replaces torch's function for the launches of this process; with a

@@ -86,8 +86,8 @@ def _timed(batches: Iterator, log: Any) -> Iterator:
 
 
 def default_workers() -> int:
-    """Loader workers of this rank: the rank plan's (its CPU share minus the main
-    process), or, before ``init()``, this process's CPUs minus one."""
+    """Loader workers of this rank: the rank plan's (its cores shared between workers and
+    compute threads), or, before ``init()``, this process's CPUs minus one."""
     ctx = current()
     if ctx is not None and ctx.plan is not None:
         return ctx.plan.loader_workers

@@ -7,7 +7,8 @@ every rank watches itself: ``wrap()``'s forward and step and ``scalerun.barrier`
 :func:`progress`; a thread started by ``scalerun.init`` wakes every few seconds and, once
 the rank has gone ``timeout`` seconds without progress, writes every thread's stack to
 ``RUN_DIR/stacks/rank-<R>.txt`` (faulthandler, plus ``py-spy dump`` when installed) with a
-header saying whether the main thread was inside a collective, then ends the rank with
+header saying whether the main thread was inside a collective
+(:mod:`scalerun.runtime.stacks`), then ends the rank with
 exit code :data:`HANG_EXIT_CODE`. Ranks waiting in the collective trip their own
 watchdogs; a rank that was elsewhere trips too (it made no progress either), so every
 rank leaves its stacks, and the launcher reads them back (:mod:`scalerun.launch.hang`).
@@ -31,41 +32,30 @@ import contextlib
 import faulthandler
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from scalerun.errors import ScalerunError
+from scalerun.runtime.stacks import (
+    Frame,
+    hang_report,
+    header_text,
+    main_thread_frames,
+    write_stacks,
+)
 
 HANG_TIMEOUT_VARIABLE = "SCALERUN_HANG_TIMEOUT"
 """Seconds without progress before a rank is ended; unset, empty or 0: no watchdog."""
 HANG_EXIT_CODE = 124
 """A rank ended by its watchdog exits with this (``timeout(1)``'s code for "timed out")."""
-DEFAULT_HANG_TIMEOUT_S = 1800.0
 DECLARED_FILE = "declared.json"
-HEADER_PREFIX = "# scalerun stacks "
 GRACE_S = 10.0
 """How long a rank that tripped waits for the other ranks' stack files before ending."""
-PYSPY_TIMEOUT_S = 20.0
-
-COMMUNICATION = (
-    ("/torch/distributed/", "torch.distributed"),
-    ("/torch/nn/parallel/distributed.py", "DDP"),
-    ("/deepspeed/comm/", "deepspeed.comm"),
-    ("/horovod/", "horovod"),
-)
-"""Frames of the main thread that mean "waiting in a collective": (path part, label)."""
-BACKWARD = "/torch/autograd/"
-"""Backward with several ranks: DDP and FSDP wait there for the gradient reduction."""
 
 
 def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
@@ -124,151 +114,6 @@ def poll_interval(timeout_s: float) -> float:
 
 
 # ---------------------------------------------------------------------------
-# Where the main thread is
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
-
-
-def frames_of(frame: FrameType | None) -> list[Frame]:
-    """A thread's frames, innermost first."""
-    found = []
-    while frame is not None:
-        found.append(Frame(frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
-        frame = frame.f_back
-    return found
-
-
-def main_thread_frames() -> list[Frame]:
-    main = threading.main_thread().ident
-    return frames_of(sys._current_frames().get(main)) if main is not None else []
-
-
-def collective_of(frames: list[Frame], world_size: int) -> str | None:
-    """The collective the main thread waits in ("torch.distributed all_reduce"), or None."""
-    for frame in frames:
-        path = frame.file.replace(os.sep, "/")
-        for part, label in COMMUNICATION:
-            if part in path:
-                return f"{label} {frame.function}"
-    if world_size > 1 and any(BACKWARD in f.file.replace(os.sep, "/") for f in frames):
-        return "gradient all-reduce in backward"
-    return None
-
-
-def library_folders() -> tuple[str, ...]:
-    """Folders whose frames are not the user's: torch, scalerun, the standard library."""
-    import sysconfig
-
-    folders = [sysconfig.get_paths()["stdlib"], str(Path(__file__).parents[1])]
-    for name in ("torch", "deepspeed", "horovod"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            folders.append(str(Path(module.__file__).parent))
-    return tuple(folder.rstrip(os.sep) + os.sep for folder in folders)  # torch/, not torchvision
-
-
-def user_frame(frames: list[Frame], libraries: tuple[str, ...]) -> Frame | None:
-    """The innermost frame of the user's own code (else the innermost frame at all)."""
-    for frame in frames:
-        if not frame.file.startswith("<") and not frame.file.startswith(libraries):
-            return frame
-    return frames[0] if frames else None
-
-
-# ---------------------------------------------------------------------------
-# The report and the stack file
-# ---------------------------------------------------------------------------
-
-
-def hang_report(*, rank: int, world_size: int, timeout_s: float, idle_s: float,
-                declared_by: int, frames: list[Frame],
-                environ: Mapping[str, str]) -> dict[str, Any]:
-    """The header of a stack file: who, since when, and where its main thread was."""
-    where = user_frame(frames, library_folders())
-    return {
-        "rank": rank, "world_size": world_size, "host": socket.gethostname(),
-        "node": environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
-        "attempt": environ.get("TORCHELASTIC_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT") or "0",
-        "t": round(time.time(), 3), "timeout_s": timeout_s, "idle_s": round(idle_s, 1),
-        "step": _progress.step, "declared_by": declared_by,
-        "collective": collective_of(frames, world_size),
-        "where": None if where is None else {"file": where.file, "line": where.line,
-                                             "function": where.function},
-    }
-
-
-def header_text(report: Mapping[str, Any], frames: list[Frame]) -> str:
-    """Machine-readable first line, then the same facts for a person."""
-    trigger = ("its own watchdog" if report["declared_by"] == report["rank"]
-               else f"rank {report['declared_by']}'s hang")
-    inside = f"in a collective ({report['collective']})" if report["collective"] else "not in a collective"
-    lines = [
-        HEADER_PREFIX + json.dumps(report, separators=(",", ":")),
-        f"# rank {report['rank']} of {report['world_size']} on {report['host']} (pid {report['pid']}): "
-        f"no progress for {report['idle_s']:g} s, ended by {trigger} "
-        f"(hang timeout {report['timeout_s']:g} s, last step {report['step']})",
-        f"# main thread (Thread 0x{threading.main_thread().ident or 0:016x} below): {inside}; innermost frames:",
-        *(f"#   {frame}" for frame in frames[:6]),
-        "# every thread, most recent call first (faulthandler):",
-        "",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def write_stacks(path: Path, header: str) -> Path:
-    """Header, faulthandler's dump of every thread, py-spy's when installed; atomically."""
-    from scalerun.files import make_dirs, new_file_mode
-
-    make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(header)
-        handle.flush()
-        faulthandler.dump_traceback(handle, all_threads=True)
-        spy = pyspy_dump(os.getpid())
-        if spy:
-            handle.write("\n# py-spy dump (native frames included)\n" + spy)
-    os.chmod(tmp, new_file_mode())
-    os.replace(tmp, path)
-    return path
-
-
-def pyspy_dump(pid: int) -> str | None:
-    """``py-spy dump --native`` of this process, when py-spy is on PATH; its error otherwise."""
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return None
-    allow_children_to_trace()
-    try:
-        done = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=PYSPY_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"(py-spy failed: {error})\n"
-    return done.stdout if done.returncode == 0 else f"(py-spy failed: {done.stderr.strip()})\n"
-
-
-def allow_children_to_trace() -> None:
-    """Yama's ptrace scope 1 lets a process trace only its descendants; py-spy, our child,
-    must trace us (``PR_SET_PTRACER_ANY``). Linux only; elsewhere nothing happens."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_ptracer, ptracer_any = 0x59616D61, ctypes.c_ulong(-1)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_ptracer, ptracer_any, 0, 0, 0)
-
-
-# ---------------------------------------------------------------------------
 # Telling the other ranks
 # ---------------------------------------------------------------------------
 
@@ -299,14 +144,24 @@ def declared_by(stacks: Path | None, since: float) -> int | None:
     return int(record.get("rank", -1))
 
 
-def wait_for_peers(stacks: Path | None, world_size: int, grace_s: float) -> None:
-    """Wait until every rank's stack file is there, or ``grace_s``: the launcher stops the
-    others as soon as one rank ends, so the first to trip must not end too early."""
+def wait_for_peers(stacks: Path | None, world_size: int, grace_s: float, since: float) -> None:
+    """Wait until every rank's stack file of this attempt (written at or after ``since``) is
+    there, or ``grace_s``: the launcher stops the others as soon as one rank ends, so the
+    first to trip must not end too early."""
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if stacks is not None and len(list(stacks.glob("rank-*.txt"))) >= world_size:
+        if stacks is not None and len(fresh_stack_files(stacks, since)) >= world_size:
             return
         time.sleep(0.2)
+
+
+def fresh_stack_files(stacks: Path, since: float) -> list[Path]:
+    found = []
+    for path in stacks.glob("rank-*.txt"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime >= since:
+                found.append(path)
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -352,10 +207,11 @@ class Watchdog:
         last = _progress.last
         idle = time.monotonic() - last if last is not None else time.time() - self.started
         report = hang_report(rank=self.rank, world_size=self.world_size, timeout_s=self.timeout_s,
-                             idle_s=idle, declared_by=trigger, frames=frames, environ=self.environ)
+                             idle_s=idle, step=_progress.step, declared_by=trigger, frames=frames,
+                             environ=self.environ)
         where = self._write(report, frames)
         print(rank_line(report, where), file=sys.stderr, flush=True)
-        wait_for_peers(self.stacks, self.world_size, self.grace_s)
+        wait_for_peers(self.stacks, self.world_size, self.grace_s, self.started)
         _flush_quietly(sys.stdout)
         _flush_quietly(sys.stderr)
         os._exit(HANG_EXIT_CODE)

@@ -107,6 +107,8 @@ class StepLog:
         self._open: dict[str, Any] = {}
         self._current = self._fresh()
         self._last_flush = clock()
+        self.alone = False
+        """True when there is nothing to communicate (one rank): ``comm_s`` is 0, not unknown."""
 
     def _fresh(self) -> dict[str, Any]:
         return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}}
@@ -176,7 +178,10 @@ class StepLog:
             spans = pending.spans.get(phase, [])
             record[f"{phase}_s"] = round(sum(seconds(a, b) for a, b in spans), 6) if spans else None
         record["data_s"] = round(pending.data_s, 6)
-        record["comm_s"] = round(comm_seconds(pending.comm, seconds), 6) if pending.comm else None
+        if pending.comm:
+            record["comm_s"] = round(comm_seconds(pending.comm, seconds), 6)
+        else:
+            record["comm_s"] = 0.0 if self.alone else None
         record["samples"] = pending.samples
         record["scalars"] = {name: as_number(value) for name, value in pending.scalars.items()}
         return record
@@ -278,12 +283,23 @@ def _open_log() -> StepLog | None:
             "node": node_name(), "host": socket.gethostname(), "device": str(ctx.device),
             "gpu_index": gpu.physical if gpu is not None and ctx.device.type == "cuda" else None,
             "gpu_pci": ctx.plan.binding.gpu_pci if ctx.plan and ctx.device.type == "cuda" else None,
-            "backend": ctx.backend, "start": round(time.time(), 6), "version": 1}
+            "backend": ctx.backend, "cpus": _own_cpus(), "start": round(time.time(), 6), "version": 1}
     marks = CudaMarks() if ctx.device.type == "cuda" else CpuMarks()
     from scalerun.runtime.tensorboard import sink_for_rank
 
     return StepLog(step_log_path(run_dir, ctx.rank), meta, marks=marks,
                    sink=sink_for_rank(run_dir, ctx.rank))
+
+
+def _own_cpus() -> list[int] | None:
+    """The CPUs this rank may run on (after init's binding): a study can tell from them
+    whether its ranks had cores of their own or shared them."""
+    import os
+
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
 
 
 def log(**scalars: Any) -> None:

@@ -73,6 +73,9 @@ class RunMetrics:
     scalars: dict[str, float] = field(default_factory=dict)
     """Last logged value of every numeric scalar (lowest rank first)."""
     notes: tuple[str, ...] = ()
+    crowded: tuple[tuple[str, int, int], ...] = ()
+    """(node, ranks, CPUs) for each node whose ranks outnumbered the CPUs they could run on
+    (from the step logs' ``cpus``): those ranks took turns on cores."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,22 @@ def _metrics(metas: dict[int, dict], steps: dict[int, list], steady: dict[int, l
         samples_per_step=scale * sum(_samples(r) / len(r) for r in steady.values()),
         **step_parts(records), grad_bytes=_grad_bytes(metas),
         loss=_first(scalars, LOSS_NAMES), accuracy=_first(scalars, ACCURACY_NAMES),
-        scalars=scalars, notes=tuple(notes))
+        scalars=scalars, notes=tuple(notes), crowded=crowded_nodes(metas))
+
+
+def crowded_nodes(metas: dict[int, dict]) -> tuple[tuple[str, int, int], ...]:
+    """(node, ranks, distinct CPUs) where a node's ranks outnumber the CPUs they may use."""
+    ranks: dict[str, int] = {}
+    cpus: dict[str, set[int]] = {}
+    for meta in metas.values():
+        own = meta.get("cpus")
+        if not isinstance(own, list) or not own:
+            continue  # an older log, or not Linux: nothing known
+        node = str(meta.get("node") or meta.get("host") or "?")
+        ranks[node] = ranks.get(node, 0) + 1
+        cpus.setdefault(node, set()).update(int(c) for c in own if isinstance(c, int))
+    return tuple((node, ranks[node], len(cpus[node])) for node in sorted(ranks)
+                 if ranks[node] > len(cpus[node]))
 
 
 def rank_span(records: list[dict[str, Any]], warmup_steps: int) -> float:

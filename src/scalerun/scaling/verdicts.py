@@ -84,6 +84,10 @@ def _measured_limit(base: ScalingRow, last: ScalingRow, mode: Mode, threshold: f
     if excess[part] <= 0:
         return Verdict("limit", f"{where}, yet no logged part of the step grew beyond ideal: the "
                                 "time goes between steps (evaluation, checkpoints, stragglers)")
+    if last.metrics.crowded:
+        return Verdict("limit", f"CPU contention stops the scaling: {where}; the ranks shared cores, and "
+                                f"{name} adds {excess[part]:.3g} s per step beyond ideal scaling from "
+                                f"{base.size.describe()} (ranks waiting for ranks that wait for a core)")
     return Verdict("limit", f"{name} stops the scaling: {where}; {name} adds {excess[part]:.3g} s "
                             f"per step beyond ideal scaling from {base.size.describe()}{hidden}")
 
@@ -213,6 +217,19 @@ def model_check_verdict(rows: Sequence[ScalingRow], predictions: Sequence[Predic
     return Verdict("model-check", said + why)
 
 
+def crowded_verdict(rows: Sequence[ScalingRow]) -> Verdict | None:
+    """Ranks that shared cores measure the machine, not the scaling: say so, at the
+    smallest size where it happened."""
+    for row in rows:
+        if row.metrics.crowded:
+            where = "; ".join(f"{ranks} ranks on {cpus} CPU(s) of {node}" for node, ranks, cpus in row.metrics.crowded)
+            return Verdict("cores", f"from {row.size.describe()} the ranks shared CPUs ({where}): they took turns "
+                                    "on cores, so the sizes from there on measure CPU contention, not "
+                                    "communication; give each rank its own cores (fewer ranks per node, or "
+                                    "more CPUs) to measure the scaling")
+    return None
+
+
 def failure_verdicts(results: Sequence[SizeResult]) -> list[Verdict]:
     """One line per failed size: what failed and where its log is."""
     return [Verdict("failed", f"{r.size.describe()} failed: {r.error or 'no error line'} "
@@ -224,7 +241,9 @@ def study_verdicts(request: StudyRequest, results: Sequence[SizeResult], rows: S
                    predictions: Sequence[Prediction], model_note: str) -> list[Verdict]:
     """Every conclusion of the study, most important first."""
     per_node = request.gpus_per_node if request.nodes is not None else None
-    found = [limit_verdict(rows, request.mode, predictions, request.sizes[-1].ranks),
+    crowded = crowded_verdict(rows)
+    found = [*([crowded] if crowded else []),
+             limit_verdict(rows, request.mode, predictions, request.sizes[-1].ranks),
              efficient_size_verdict(rows, predictions, model_note, per_node=per_node)]
     batch = batch_verdict(request, rows)
     if batch is not None:

@@ -144,6 +144,23 @@ class NetworkSpec:
 
     interfaces: tuple[str, ...] = ()
     """Interface names or shell patterns (``hsn*``); empty lets the library choose."""
+    nic_gbits: float | None = None
+    """Link speed of one of the node's high-speed NICs in Gb/s (Slingshot-11: 200); the
+    doctor compares the measured bus bandwidth with it."""
+    nics_per_node: int | None = None
+    """High-speed NICs per node (LUMI-G: 4), shared by the node's ranks."""
+
+    def __post_init__(self) -> None:
+        if self.nic_gbits is not None and not self.nic_gbits > 0:
+            raise Invalid("nic_gbits", f"{self.nic_gbits} must be a positive number of Gb/s")
+        if self.nics_per_node is not None and self.nics_per_node < 1:
+            raise Invalid("nics_per_node", f"{self.nics_per_node} must be at least 1")
+
+    def link_share_gbs(self, ranks_per_node: int) -> float | None:
+        """GB/s of NIC bandwidth each rank of a node can use across nodes (bytes, not bits)."""
+        if self.nic_gbits is None or ranks_per_node < 1:
+            return None
+        return self.nic_gbits / 8 * (self.nics_per_node or 1) / ranks_per_node
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +362,8 @@ def convert(hint: Any, value: Any, *, file: Path | str, key: str) -> Any:
             for name, item in value.items()
         }
     # bool is a subclass of int: `gpus = true` must not pass as 1.
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # `nic_gbits = 200` is a number of Gb/s as much as 200.0
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         raise SiteError(f"{file}: {key}: expected {hint.__name__}, got {_kind(value)} {value!r}")
     return value

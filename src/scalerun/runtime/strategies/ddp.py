@@ -71,6 +71,12 @@ class DDPStrategy(TorchStrategy):
         that waits for the collective, so nothing synchronises)."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+        if self.ctx.world_size == 1:
+            # Nothing to communicate, and a Python hook would cost a step 6 % of a small
+            # model's time (benchmarks/steplog.py) for the all-reduce DDP otherwise skips.
+            log.alone = True
+            return
+
         # no annotations: DDP checks them against its own types, and this module's are strings
         def timed_allreduce(state, bucket):  # noqa: ANN001, ANN202
             start = log.marks.mark()

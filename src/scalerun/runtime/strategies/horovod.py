@@ -27,6 +27,7 @@ from torch import nn
 
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
+from scalerun.runtime.hang import timeout_from_env
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
     TorchStrategy,
@@ -88,10 +89,20 @@ def interface_towards(host: str) -> str:
     )
 
 
-def horovod_environment(ctx: Context, port: int, interface: str) -> dict[str, str]:
-    """The variables ``horovodrun --gloo`` gives each rank, from scalerun's placement."""
+def horovod_environment(ctx: Context, port: int, interface: str,
+                        hang_timeout: float | None = None) -> dict[str, str]:
+    """The variables ``horovodrun --gloo`` gives each rank, from scalerun's placement.
+
+    Horovod's collectives have no timeout of their own: a rank that never joins leaves the
+    others waiting for ever. With a hang timeout (``--hang-timeout``) Horovod is told to shut
+    down a stalled collective after that long too (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``),
+    so the job ends with Horovod's own message naming the missing ranks.
+    """
     where = ctx.placement
-    return {
+    stall = {}
+    if hang_timeout:
+        stall["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(1, round(hang_timeout)))
+    return stall | {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": str(where.master_addr),
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
@@ -156,7 +167,8 @@ def join_horovod(ctx: Context) -> tuple[Any, dict[str, str]]:
     if not hvd.is_initialized():
         if "HOROVOD_RANK" not in os.environ:  # not horovodrun: do its rendezvous ourselves
             port = _start_rendezvous(ctx)
-            wanted = horovod_environment(ctx, port, interface_towards(str(ctx.placement.master_addr)))
+            wanted = horovod_environment(ctx, port, interface_towards(str(ctx.placement.master_addr)),
+                                         hang_timeout=timeout_from_env())
             exported = merge_horovod_environment(wanted, os.environ)
             os.environ.update(exported)
         hvd.init()
