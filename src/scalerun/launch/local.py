@@ -270,18 +270,37 @@ def check_ranks_fit_gpus(request: LocalLaunch, environ: Mapping[str, str]) -> No
         raise LaunchError(verdict.error or "more ranks than GPUs")
 
 
+def choose_rendezvous(args: argparse.Namespace) -> None:
+    """Pick the rendezvous for torchrun's parsed arguments, in place: on one node without
+    restarts scalerun's loopback store (``launch/rendezvous.py``), with restarts torch's
+    c10d on a free port (what torchrun's ``--standalone`` does); anything else as given."""
+    import uuid
+
+    from torch.distributed import run as torchrun
+
+    one_node = args.rdzv_backend == "static" and not args.rdzv_endpoint and (
+        args.master_port is None and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if not (args.standalone or one_node):
+        return
+    args.rdzv_id = str(uuid.uuid4())
+    if args.max_restarts:
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        return
+    from scalerun.launch import rendezvous
+
+    rendezvous.register()
+    args.standalone = False  # torchrun would overwrite the backend with c10d
+    args.rdzv_backend, args.rdzv_endpoint = rendezvous.BACKEND, f"{rendezvous.LOOPBACK}:0"
+
+
 def run_agent(args: argparse.Namespace) -> None:
     """torchrun's ``run``, without its ``OMP_NUM_THREADS=1`` for every rank: the ranks'
     plans set one thread per core each rank owns (the user's own value still wins)."""
-    import uuid
 
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 
-    one_node = args.rdzv_backend == "static" and not args.rdzv_endpoint and (
-        args.master_port is None and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
-    if args.standalone or one_node:  # a free port on this machine, as torchrun's own run()
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    choose_rendezvous(args)
     if args.master_port is None:
         args.master_port = 29500
     if args.max_restarts and OWN_STORE_VARIABLE not in os.environ:
