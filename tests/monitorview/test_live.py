@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -61,16 +62,19 @@ def train(run_dir: Path, stop: threading.Event) -> None:
     log.close()
 
 
-def spawn_view(run_dir: Path) -> pexpect.spawn:
+def spawn_view(run_dir: Path, sigint: signal.Handlers = signal.SIG_DFL) -> pexpect.spawn:
+    """The view in a pseudo-terminal; ``sigint``: SIGINT's disposition it starts with
+    (ignored is what a job started with ``&`` from a script inherits)."""
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "TERM": "xterm-256color"}
     return pexpect.spawn(sys.executable, ["-c", VIEW, str(run_dir), "--interval", "0.3"],
-                         env=env, dimensions=(40, 180), timeout=20)
+                         env=env, dimensions=(40, 180), timeout=20,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
-@pytest.mark.parametrize("leave", ["q", "ctrl-c"])
+@pytest.mark.parametrize("leave", ["q", "ctrl-c", "ctrl-c, started with SIGINT ignored"])
 def test_the_live_view_follows_the_run_and_quits_cleanly(growing_run: Path, leave: str) -> None:
-    view = spawn_view(growing_run)
+    view = spawn_view(growing_run, signal.SIG_IGN if "ignored" in leave else signal.SIG_DFL)
     try:
         view.expect("util %")
         view.expect("samples/s")

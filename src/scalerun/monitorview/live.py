@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import termios
+import threading
 import time
 import tty
 from collections.abc import Callable
@@ -58,11 +60,32 @@ class Keys:
         return os.read(self.fd, 64).decode(errors="ignore") if ready else ""
 
 
+class interruptible:
+    """Ctrl-C raises KeyboardInterrupt while the view runs, as its hint promises.
+
+    Why: a process started with SIGINT ignored (anything started with ``&`` from a
+    script, ``nohup``, some CI runners and tmux set-ups) keeps it ignored, and Python
+    then installs no handler of its own: Ctrl-C at the view's terminal would do nothing.
+    The previous disposition comes back afterwards. Only the main thread may do this.
+    """
+
+    def __enter__(self) -> interruptible:
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def run_live(snapshot: Callable[[], Snapshot], *, interval_s: float, console: Console,
              ended: Ended = lambda: None) -> str | None:
     """Redraw the table every ``interval_s``; None after q or Ctrl-C, else why it ended."""
     try:
-        with Keys() as keys, Live(console=console, auto_refresh=False) as live:
+        with Keys() as keys, interruptible(), Live(console=console, auto_refresh=False) as live:
             while True:
                 live.update(snapshot_table(snapshot(), HINT), refresh=True)
                 reason = ended()
