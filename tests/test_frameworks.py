@@ -67,6 +67,13 @@ def test_fabric_locally(tmp_path) -> None:
     for rank, seen in ranks.items():
         assert (seen["world"], seen["local"], seen["node"]) == (2, rank, 0)
         assert seen["environment"] == "TorchElasticEnvironment" and seen["same_weights"]
+    # started through scalerun exec --bind: each rank on cores of its own where there are
+    # enough (Lightning sets no affinity by itself), and the plan's thread count
+    allowed = os.sched_getaffinity(0)
+    cpus = [set(seen["cpus"]) for seen in ranks.values()]
+    assert all(mine and mine <= allowed for mine in cpus)
+    assert len(allowed) < 2 or not cpus[0] & cpus[1]
+    assert all(int(seen["env"]["OMP_NUM_THREADS"] or 0) >= 1 for seen in ranks.values())
 
 
 def test_trainer_locally(tmp_path) -> None:
@@ -179,14 +186,13 @@ def test_framework_on_two_nodes(slurm_cluster, tmp_path, framework, mode) -> Non
         assert {(r["environment"], r["same_weights"]) for r in ranks.values()} == {(expected, True)}
     else:
         assert {r["steps"] for r in ranks.values()} == {3}
-    if mode == "srun":
-        check_scalerun_setup(ranks, per_node)
+    check_scalerun_setup(ranks, per_node)
 
 
 def check_scalerun_setup(ranks: dict[int, dict], per_node: int) -> None:
-    """What srun mode gives a script that never calls scalerun.init(): srun binds each
-    task to its own cores (the plan's masks), and scalerun exec exports the plan's
-    variables, one cache folder per node."""
+    """What both SLURM modes give a script that never calls scalerun.init(): each rank on
+    cores of its own (srun mode: srun's masks from the plan; torchrun mode: scalerun exec
+    --bind in front of each worker), the plan's variables, one cache folder per node."""
     for host in ("nid000001", "nid000002"):
         mine = [r for r in ranks.values() if r["host"] == host]
         assert len(mine) == per_node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,21 @@ def test_sites_command_reports_a_broken_profile_in_one_line(capsys, tmp_path, mo
     assert main(["sites", "show", "x"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "x.toml: node.gpus: expected int" in err
+
+
+def test_lumi_g_jobs_build_with_the_courses_compiler(tmp_path):
+    """The profile's ``CXX`` reaches the job script, and a job run by bash exports it unless
+    the submitting shell chose another compiler (DeepSpeed's JIT builds read it)."""
+    from scalerun.launch.slurm import render_sbatch
+    from scalerun.plan.job import LaunchRequest, plan_job
+
+    request = LaunchRequest(script="train.py", run_dir=tmp_path, site="lumi-g", nodes=2,
+                            account="project_1", check=False)
+    text = render_sbatch(plan_job(request, load_site("lumi-g"), host_python="python"))
+    line = next(line for line in text.splitlines() if "CXX" in line)
+    def exported(environ: dict[str, str]) -> str:
+        return subprocess.run(["bash", "-c", f"{line}\nprintf %s \"$CXX\""], env=environ,
+                              capture_output=True, text=True, check=True).stdout
+
+    assert exported({"PATH": "/usr/bin:/bin"}) == "g++-12"
+    assert exported({"PATH": "/usr/bin:/bin", "CXX": "clang++"}) == "clang++"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -136,30 +135,14 @@ def exec_wrapped(request: LocalLaunch) -> list[str]:
     return [sys.executable, "-m", "scalerun", "exec", "--bind", "--", *target, *request.script_args]
 
 
-SCALERUN_IMPORT = re.compile(r"^\s*(import scalerun|from scalerun[\s.])", re.MULTILINE)
-
-
 def calls_init(request: LocalLaunch) -> bool:
     """Whether the ranks' program sets itself up with ``scalerun.init()`` (it imports
     scalerun); if not (a torchrun, Accelerate, Lightning or HF script, an executable), each
     rank starts through ``scalerun exec --bind`` to get the same binding and variables."""
-    if request.no_python:
-        return False
-    path = Path(request.script)
-    if request.module:
-        import importlib.util
+    from scalerun.launch.script_check import imports_scalerun
 
-        try:
-            spec = importlib.util.find_spec(request.script)
-        except (ImportError, ValueError):
-            return False
-        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-            return False
-        path = Path(spec.origin)
-    try:
-        return bool(SCALERUN_IMPORT.search(path.read_text(errors="replace")[:200_000]))
-    except OSError:
-        return False
+    entry = "executable" if request.no_python else "module" if request.module else "file"
+    return imports_scalerun(request.script, entry)
 
 
 def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str, str]:

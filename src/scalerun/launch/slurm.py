@@ -115,6 +115,10 @@ def program_words(job: SlurmJob) -> list[Word]:
         "module": ["--module", job.script],
         "executable": ["--no-python", job.script],
     }[job.entry]
+    if job.bind_workers:  # a program that does not bind itself: scalerun exec does it
+        worker = target if job.entry == "executable" else [job.python, "-u", *target]
+        torchrun_target = ["--no-python", job.python, "-m", "scalerun", "exec", "--bind", "--",
+                           *worker]
     return [
         job.python,
         "-m",
@@ -356,6 +360,9 @@ def _launch(job: SlurmJob) -> str:
         f"# --- launch: {ranks} ranks, {job.nproc_per_node} per node on {res.nodes} node(s) ---",
         f"# {how}",
     ]
+    if job.bind_workers:
+        lines.append("# the script does not call scalerun.init(): scalerun exec --bind gives each "
+                     "rank its cores and variables")
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(job)]
     lines += _training_step(job, " \\\n    ".join(rendered))
     return "\n".join(lines)
@@ -442,7 +449,7 @@ def _check_step(job: SlurmJob) -> list[str]:
     if not job.check:
         return []
     site = (f"--site={job.site}",) if job.site else ()
-    check = replace(job, script=job.python, entry="executable",
+    check = replace(job, script=job.python, entry="executable", bind_workers=False,
                     script_args=("-c", CHECK_PROGRAM, *CHECK_ARGS, *site))
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(check)]
     skipped = shell_quote("scalerun: the check was skipped: the job's python cannot import "

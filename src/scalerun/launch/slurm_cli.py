@@ -27,6 +27,7 @@ from scalerun.launch import hang, slurm_submit
 from scalerun.launch.container import pick_runtime
 from scalerun.launch.debug import findings, parse_kinds
 from scalerun.launch.observe import Observe
+from scalerun.launch.script_check import imports_scalerun
 from scalerun.launch.slurm import check_secrets_exported, render_sbatch, secret_handoff
 from scalerun.plan.job import MODES, LaunchRequest, SlurmJob, parse_env_pairs, plan_job
 from scalerun.redact import redact_words, secret_values
@@ -280,6 +281,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_
         membind=getattr(args, "membind", None),
         hang_timeout=getattr(args, "hang_timeout", None),
         max_restarts=getattr(args, "max_restarts", 0) or 0,
+        calls_init=imports_scalerun(args.script, _entry(args)),
         deepspeed_config=_deepspeed_config(args),
         checkpoint=next(iter(checkpoint_env(args).values()), None),
         signal_before=getattr(args, "signal_before", None),

@@ -307,6 +307,9 @@ class SlurmJob:
     """Training processes per node: SLURM tasks (srun) or torchrun workers (torchrun)."""
     max_restarts: int = 0
     """Times torchrun restarts every node's workers after a failure (torchrun mode only)."""
+    bind_workers: bool = False
+    """torchrun mode: each worker starts through ``scalerun exec --bind`` (its cores, memory
+    node and the plan's variables), for programs that do not call ``scalerun.init()``."""
     python: str = "python"
     """Interpreter that runs the script (inside the container when there is one)."""
     host_python: str = "python"
@@ -418,6 +421,9 @@ class LaunchRequest:
     """``--hang-timeout`` in seconds (0: never); None: the site's ``[runtime] hang_timeout``."""
     max_restarts: int = 0
     """``--max-restarts``: torchrun restarts the workers this many times (torchrun mode)."""
+    calls_init: bool = True
+    """The program imports scalerun (read from its source by the CLI); if not, torchrun
+    mode starts its workers through ``scalerun exec --bind``."""
     deepspeed_config: str | None = None
     """``--deepspeed-config``, absolute: appended to the script's arguments in DeepSpeed's
     form and exported to every rank (:mod:`scalerun.plan.deepspeed`)."""
@@ -599,6 +605,8 @@ def plan_job(request: LaunchRequest, site: SiteProfile, *, host_python: str) -> 
         mode=request.mode or "srun",
         nproc_per_node=counts(request, site).procs,
         max_restarts=request.max_restarts,
+        # not in a container: its python need not have scalerun (srun mode's exec runs outside)
+        bind_workers=request.mode == "torchrun" and not request.calls_init and container is None,
         python=site.container.python if container else host_python,
         host_python=host_python,
         container=container,

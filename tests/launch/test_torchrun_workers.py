@@ -1,0 +1,77 @@
+"""SLURM torchrun mode: programs that do not call scalerun.init() get their binding from
+``scalerun exec --bind`` in front of each worker; scalerun programs bind themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scalerun.cli import build_parser
+from scalerun.launch.script_check import imports_scalerun
+from scalerun.launch.slurm import program_words
+from scalerun.launch.slurm_cli import request_from_args
+from scalerun.plan.job import LaunchRequest, plan_job
+from scalerun.sites.profile import SiteProfile
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vit" / "train.py"
+EXEC_BIND = ["--no-python", "python", "-m", "scalerun", "exec", "--bind", "--"]
+
+
+def job_words(tmp_path: Path, **given) -> list:
+    given.setdefault("script", "train.py")
+    request = LaunchRequest(run_dir=tmp_path, site="t", nodes=2, check=False, mode="torchrun",
+                            **given)
+    return program_words(plan_job(request, SiteProfile(name="t"), host_python="python"))
+
+
+def test_a_program_without_init_starts_each_worker_through_exec_bind(tmp_path: Path) -> None:
+    words = job_words(tmp_path, calls_init=False, script_args=("--lr", "a b"))
+    start = words.index("--no-python")
+    assert words[start:] == [*EXEC_BIND, "python", "-u", "train.py", "--lr", "a b"]
+
+
+def test_modules_and_executables_keep_their_form_behind_exec_bind(tmp_path: Path) -> None:
+    module = job_words(tmp_path, calls_init=False, entry="module", script="pkg.train")
+    assert module[module.index("--no-python"):] == [*EXEC_BIND, "python", "-u", "-m", "pkg.train"]
+    tool = job_words(tmp_path, calls_init=False, entry="executable", script="./train.sh")
+    assert tool[tool.index("--no-python"):] == [*EXEC_BIND, "./train.sh"]
+
+
+def test_a_scalerun_program_starts_as_torchrun_would(tmp_path: Path) -> None:
+    words = job_words(tmp_path, calls_init=True)
+    assert "exec" not in words[words.index("torch.distributed.run"):]
+    assert words[-1] == "train.py"
+
+
+def test_in_a_container_the_workers_are_not_wrapped(tmp_path: Path) -> None:
+    """The image's python may lack scalerun (srun mode's exec runs outside the image)."""
+    words = job_words(tmp_path, calls_init=False, container="/images/pytorch.sif",
+                      container_runtime="singularity")
+    assert "--bind" not in words and words[-1] == "train.py"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import scalerun\nscalerun.init()\n", True),
+    ("import os\nfrom scalerun import init\n", True),
+    ("  from scalerun.runtime import wrap\n", True),
+    ("import torch.distributed as dist\ndist.init_process_group('gloo')\n", False),
+    ("# import scalerun later\nimport scalerunner\n", False),
+])
+def test_the_source_decides(tmp_path: Path, source: str, expected: bool) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert imports_scalerun(str(script)) is expected
+
+
+def test_an_executable_or_unknown_module_counts_as_not_calling_init(tmp_path: Path) -> None:
+    assert imports_scalerun(str(tmp_path / "run.sh"), "executable") is False
+    assert imports_scalerun("no_such_module_here", "module") is False
+
+
+def test_the_cli_reads_the_script(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\n")
+    for script, calls_init in ((plain, False), (EXAMPLE, True)):
+        args = build_parser().parse_args(["launch", "--nodes", "2", "--mode", "torchrun", str(script)])
+        assert request_from_args(args, {}, tmp_path).calls_init is calls_init
