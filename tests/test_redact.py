@@ -121,3 +121,37 @@ def test_reports_mask_the_kept_command_lines(tmp_path: Path, monkeypatch: pytest
     info, problems = read_run_info(old)
     assert problems == [] and info == {"command": ["scalerun", "launch", "t.py", "--key", MASK], "nnodes": 1}
     assert shown_args(("--hf-token", "abc", "--lr", "0.1")) == ["--hf-token", MASK, "--lr", "0.1"]
+
+
+def test_exec_notes_mask_a_users_secret_value(tmp_path: Path) -> None:
+    """``scalerun exec`` keeps a user's differing value and says so; a token in it is masked
+    in that note and in the verbose line (the command still gets the real value)."""
+    import os
+    import subprocess
+    import sys
+
+    secret = "hf_tok3n-abcdefgh"
+    env = {**os.environ, "HF_TOKEN": secret, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "MASTER_ADDR": f"host-{secret}", "MASTER_PORT": "29500", "SCALERUN_BIND": "0"}
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "scalerun", "exec", "-v", "--env",
+                           "MASTER_ADDR=127.0.0.1", "--", sys.executable, "-c",
+                           "import os; print(os.environ['MASTER_ADDR'])"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"host-{secret}"  # the user's value wins, unchanged
+    assert "kept MASTER_ADDR=" in done.stderr and MASK in done.stderr
+    assert secret not in done.stderr
+
+
+def test_a_studys_launch_log_masks_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from scalerun.scaling.study import run_logged
+
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-0123456789")
+    log = tmp_path / "launch.log"
+    outcome = run_logged([sys.executable, "-c", "pass", "--key", "wandb-0123456789"], log)
+    assert outcome.exit_code == 0
+    assert "wandb-0123456789" not in log.read_text() and MASK in log.read_text()

@@ -225,8 +225,12 @@ def run(args: argparse.Namespace) -> int:
         from scalerun.launch.observe import start_sampler_for_task
 
         start_sampler_for_task(environ)
+    from scalerun.redact import redact_text, secret_values
+
+    secrets = secret_values(environ)  # a user's value may be, or hold, a token
     for note in kept:
-        print(f"scalerun exec: {note}", file=sys.stderr)
+        print(f"scalerun exec: {redact_text(note, secrets)}", file=sys.stderr)
     if args.verbose:
-        print("scalerun exec: " + " ".join(f"{k}={v}" for k, v in added.items()), file=sys.stderr)
+        shown = " ".join(f"{k}={v}" for k, v in added.items())
+        print(f"scalerun exec: {redact_text(shown, secrets)}", file=sys.stderr)
     exec_command(command, added)

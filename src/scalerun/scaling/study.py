@@ -30,6 +30,7 @@ from typing import Any
 
 from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
+from scalerun.redact import redact_words, secret_values
 from scalerun.scaling.batches import ScalingError, Size, StudyRequest, describe_request, substitute
 from scalerun.scaling.progress import StudyProgress, default_progress
 from scalerun.scaling.report import ReportFiles, write_reports
@@ -264,7 +265,7 @@ def run_logged(command: list[str], log: Path, timeout_s: float | None = None) ->
     (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        out.write(f"$ {shlex.join(command)}\n")
+        out.write(f"$ {shlex.join(redact_words(command, secret_values(os.environ)))}\n")
         out.flush()
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
