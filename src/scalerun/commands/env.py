@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def plan_json(plan: RankPlan) -> dict[str, Any]:
     """The rank plan as plain data (also what the parity test compares)."""
     where = plan.placement
+    settings = shown_settings(plan)
     return {
         "rank": where.rank,
         "local_rank": where.local_rank,
@@ -58,9 +59,9 @@ def plan_json(plan: RankPlan) -> dict[str, Any]:
         "nic": plan.nic,
         "threads": plan.threads,
         "membind": plan.membind,
-        "env": {s.name: s.value for s in shown_settings(plan)},
+        "env": {s.name: s.value for s in settings},
         "explain": [{"name": s.name, "value": s.value, "source": s.source, "reason": s.reason}
-                    for s in shown_settings(plan)],
+                    for s in settings],
     }
 
 

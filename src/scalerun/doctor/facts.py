@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerun.runtime.context import Context
 
 JOB_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_GPUS_ON_NODE")
-IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 CACHE_NAMES = frozenset(name for name, _, _ in CACHE_VARIABLES)
 
 

@@ -61,13 +61,6 @@ def local_rank_env(flag: float | None, site_default: float, environ: Mapping[str
     return {} if HANG_TIMEOUT_VARIABLE in environ else variable(site_default)
 
 
-def job_env(flag: float | None, site_default: float) -> tuple[dict[str, str], dict[str, str]]:
-    """(exported as given, kept when the submitting shell has it) for a SLURM job script."""
-    if checked(flag) is not None:
-        return variable(flag), {}
-    return {}, variable(site_default)
-
-
 # ---------------------------------------------------------------------------
 # Reading the stacks back
 # ---------------------------------------------------------------------------

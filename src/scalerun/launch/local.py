@@ -128,11 +128,14 @@ def torchrun_argv(request: LocalLaunch) -> list[str]:
 def exec_wrapped(request: LocalLaunch) -> list[str]:
     """The rank's command behind ``scalerun exec --bind`` (as torchrun would have run it):
     its CPU set, memory node and variables, for programs that do not call scalerun.init."""
-    if request.no_python:
-        target = [request.script]
-    else:
-        target = [sys.executable, "-u", *(["-m"] if request.module else []), request.script]
-    return [sys.executable, "-m", "scalerun", "exec", "--bind", "--", *target, *request.script_args]
+    from scalerun.launch.script_check import exec_bind_words
+
+    return [*exec_bind_words(sys.executable, request.script, entry_of(request)), *request.script_args]
+
+
+def entry_of(request: LocalLaunch) -> str:
+    """How the program is started, in the words of :mod:`scalerun.launch.script_check`."""
+    return "executable" if request.no_python else "module" if request.module else "file"
 
 
 def calls_init(request: LocalLaunch) -> bool:
@@ -141,8 +144,7 @@ def calls_init(request: LocalLaunch) -> bool:
     rank starts through ``scalerun exec --bind`` to get the same binding and variables."""
     from scalerun.launch.script_check import imports_scalerun
 
-    entry = "executable" if request.no_python else "module" if request.module else "file"
-    return imports_scalerun(request.script, entry)
+    return imports_scalerun(request.script, entry_of(request))
 
 
 def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str, str]:
@@ -224,10 +226,11 @@ def _run(request: LocalLaunch) -> tuple[int, str | None]:
     if not request.verbose:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    args = torchrun.parse_args(torchrun_argv(request))
+    argv = torchrun_argv(request)  # reads the script once (does it call scalerun.init?)
+    args = torchrun.parse_args(argv)
     tail.install()  # [rankN]: lines stay whole when ranks print at once
     if request.verbose:
-        shown = redact_words(torchrun_argv(request), secret_values(os.environ))
+        shown = redact_words(argv, secret_values(os.environ))
         print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
     try:
         run_agent(args)
@@ -279,7 +282,6 @@ def choose_rendezvous(args: argparse.Namespace) -> None:
 def run_agent(args: argparse.Namespace) -> None:
     """torchrun's ``run``, without its ``OMP_NUM_THREADS=1`` for every rank: the ranks'
     plans set one thread per core each rank owns (the user's own value still wins)."""
-
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 

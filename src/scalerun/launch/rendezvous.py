@@ -19,18 +19,9 @@ store handling across attempts the launcher already works around (torch issue 13
 from __future__ import annotations
 
 import datetime
-import os
-import socket
 
 BACKEND = "scalerun-local"
 LOOPBACK = "127.0.0.1"
-
-
-def _bound_loopback_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server
-    sock.bind((LOOPBACK, 0))
-    return sock
 
 
 def register() -> None:
@@ -60,19 +51,18 @@ def register() -> None:
             return True
 
         def next_rendezvous(self) -> RendezvousInfo:
-            from torch.distributed import PrefixStore, TCPStore
+            from torch.distributed import PrefixStore
+
+            from scalerun.runtime.store import bound_socket, store_on
 
             if self._store is None:
-                sock = _bound_loopback_socket()
-                self._port = sock.getsockname()[1]
-                fd = sock.detach()  # torch owns the descriptor from here on
-                options = dict(world_size=1, is_master=True, timeout=self.timeout, multi_tenant=True)
-                try:
-                    self._store = TCPStore(LOOPBACK, self._port, master_listen_fd=fd, **options)
-                except TypeError:  # a torch without master_listen_fd: its own server
-                    os.close(fd)
-                    self._store = TCPStore(LOOPBACK, 0, **options)
-                    self._port = self._store.port
+                sock = bound_socket(LOOPBACK, 0)
+                if sock is None:
+                    raise OSError(f"cannot bind a socket to {LOOPBACK}: is the loopback interface up?")
+                self._store = store_on(sock, LOOPBACK, sock.getsockname()[1], fallback_port=0,
+                                       world_size=1, is_master=True, timeout=self.timeout,
+                                       multi_tenant=True)
+                self._port = self._store.port
             return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1,
                                   RendezvousStoreInfo(LOOPBACK, self._port))
 

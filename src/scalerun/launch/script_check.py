@@ -1,4 +1,5 @@
-"""Whether a rank program sets itself up with ``scalerun.init()``, read from its source.
+"""Whether a rank program sets itself up with ``scalerun.init()``, read from its source,
+and how each rank of one that does not is started instead.
 
 Why: a program that never calls ``init()`` (a torchrun, Accelerate, Lightning or Hugging
 Face script, an executable) gets no binding and none of the plan's variables from itself,
@@ -36,3 +37,15 @@ def imports_scalerun(script: str, entry: str = "file") -> bool:
         return bool(SCALERUN_IMPORT.search(path.read_text(errors="replace")[:READ_LIMIT]))
     except OSError:
         return False
+
+
+def exec_bind_words(python: str, script: str, entry: str = "file") -> list[str]:
+    """``scalerun exec --bind -- PROGRAM`` for a program that does not call ``init()``:
+    ``PROGRAM`` is the script as ``python -u`` runs it (or the executable itself), and
+    ``exec`` gives the rank its cores, memory node and the plan's variables first. The
+    local launcher and SLURM's torchrun mode both start such ranks this way."""
+    if entry == "executable":
+        program = [script]
+    else:
+        program = [python, "-u", *(["-m"] if entry == "module" else []), script]
+    return [python, "-m", "scalerun", "exec", "--bind", "--", *program]

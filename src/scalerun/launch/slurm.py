@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
+from scalerun.launch.script_check import exec_bind_words
 from scalerun.plan.job import SlurmJob, parse_sbatch_arg
 from scalerun.redact import is_secret_name, redact_words
 
@@ -116,9 +117,7 @@ def program_words(job: SlurmJob) -> list[Word]:
         "executable": ["--no-python", job.script],
     }[job.entry]
     if job.bind_workers:  # a program that does not bind itself: scalerun exec does it
-        worker = target if job.entry == "executable" else [job.python, "-u", *target]
-        torchrun_target = ["--no-python", job.python, "-m", "scalerun", "exec", "--bind", "--",
-                           *worker]
+        torchrun_target = ["--no-python", *exec_bind_words(job.python, job.script, job.entry)]
     return [
         job.python,
         "-m",

@@ -262,8 +262,9 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_
     """The namespace as a typed request: what the user gave, None where they did not."""
     if getattr(args, "nnodes", 1) != 1:
         raise LaunchError("--nnodes is for local multi-node launches; on SLURM pass --nodes")
+    entry = _entry(args)
     return LaunchRequest(
-        script=args.script, script_args=tuple(args.script_args), entry=_entry(args),
+        script=args.script, script_args=tuple(args.script_args), entry=entry,
         run_dir=run_dir, site=site_name(args.site, environ), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, nproc_per_node=_nproc(args), mode=args.mode,
         partition=args.partition, account=args.account, time=args.time,
@@ -281,7 +282,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str], run_
         membind=getattr(args, "membind", None),
         hang_timeout=getattr(args, "hang_timeout", None),
         max_restarts=getattr(args, "max_restarts", 0) or 0,
-        calls_init=imports_scalerun(args.script, _entry(args)),
+        calls_init=imports_scalerun(args.script, entry),
         deepspeed_config=_deepspeed_config(args),
         checkpoint=next(iter(checkpoint_env(args).values()), None),
         signal_before=getattr(args, "signal_before", None),

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from scalerun.errors import TopologyError
 from scalerun.monitor.backend import (
     Runner,
     ToolError,
@@ -31,7 +30,7 @@ from scalerun.monitor.backend import (
 )
 from scalerun.monitor.modules import attribute_module_power
 from scalerun.monitor.records import GpuSample
-from scalerun.topology.pci import normalize_bdf
+from scalerun.topology.pci import bdf_or_none
 
 METRIC_ARGS = ("metric", "--usage", "--power", "--clock", "--temperature", "--mem-usage", "--json")
 STATIC_ARGS = ("static", "--asic", "--bus", "--limit", "--json")
@@ -91,7 +90,7 @@ def parse_amd_smi_static(text: str) -> dict[int, GpuSample]:
         found[index] = GpuSample(
             index=index,
             name=_section(record, "asic").get("market_name") or None,
-            pci=_pci(_section(record, "bus").get("bdf")),
+            pci=bdf_or_none(_section(record, "bus").get("bdf")),
             power_cap_w=number(cap),
         )
     return found
@@ -168,7 +167,7 @@ class AmdSmiLibBackend:
         smi = self._smi
         asic = library_value(lambda: smi.amdsmi_get_gpu_asic_info(handle)) or {}
         bdf = library_value(lambda: smi.amdsmi_get_gpu_device_bdf(handle))
-        return GpuSample(index=index, name=asic.get("market_name") or None, pci=_pci(bdf))
+        return GpuSample(index=index, name=asic.get("market_name") or None, pci=bdf_or_none(bdf))
 
     def _read(self, index: int, handle: Any) -> GpuSample:
         smi = self._smi
@@ -274,8 +273,3 @@ def _power(value: Any) -> float | None:
     return None if watts is None or watts >= NO_READING else watts
 
 
-def _pci(text: Any) -> str | None:
-    try:
-        return normalize_bdf(str(text)) if text else None
-    except TopologyError:
-        return None

@@ -14,7 +14,6 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from scalerun.errors import TopologyError
 from scalerun.monitor.backend import (
     Runner,
     ToolError,
@@ -27,7 +26,7 @@ from scalerun.monitor.backend import (
 )
 from scalerun.monitor.records import GpuSample
 from scalerun.topology.nvidia import parse_query_gpu_csv
-from scalerun.topology.pci import normalize_bdf
+from scalerun.topology.pci import bdf_or_none
 
 QUERY_FIELDS = (
     "index",
@@ -83,16 +82,11 @@ def _row_sample(row: dict[str, str]) -> GpuSample:
     return GpuSample(
         index=int(row["index"]),
         name=name if name and not name.startswith("[") else None,
-        pci=_pci(row.get("pci.bus_id")),
+        pci=bdf_or_none(row.get("pci.bus_id")),
         **values,
     )
 
 
-def _pci(text: str | None) -> str | None:
-    try:
-        return normalize_bdf(text) if text else None
-    except TopologyError:
-        return None
 
 
 class NvidiaSmiBackend:
@@ -163,7 +157,7 @@ class NvmlBackend:
         return GpuSample(
             index=index,
             name=_text(get("nvmlDeviceGetName", handle)),
-            pci=_pci(_text(getattr(get("nvmlDeviceGetPciInfo", handle), "busId", None))),
+            pci=bdf_or_none(_text(getattr(get("nvmlDeviceGetPciInfo", handle), "busId", None))),
             util_pct=number(getattr(get("nvmlDeviceGetUtilizationRates", handle), "gpu", None)),
             mem_used_mb=number(getattr(memory, "used", None), 1 / 2**20),
             mem_total_mb=number(getattr(memory, "total", None), 1 / 2**20),

@@ -236,14 +236,15 @@ def parse_monitor(records: Iterable[Mapping[str, Any]]) -> tuple[Meta | None, li
     scalerun) is skipped rather than failing the whole report.
     """
     meta: Meta | None = None
+    static: dict[int, GpuSample] = {}  # the meta line's GPUs by index, for every sample
     samples: list[Sample] = []
     for record in records:
         kind = record.get("kind")
         try:
             if kind == "meta" and meta is None:
                 meta = Meta.from_record(record)
+                static = {gpu.index: gpu for gpu in meta.gpus}
             elif kind == "sample":
-                static = {gpu.index: gpu for gpu in meta.gpus} if meta else {}
                 samples.append(Sample.from_record(record, static))
         except (KeyError, TypeError, ValueError):
             continue

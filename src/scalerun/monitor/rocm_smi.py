@@ -28,7 +28,7 @@ from scalerun.monitor.backend import (
 from scalerun.monitor.modules import attribute_module_power
 from scalerun.monitor.records import GpuSample
 from scalerun.topology.amd import parse_rocm_smi
-from scalerun.topology.pci import normalize_bdf
+from scalerun.topology.pci import bdf_or_none
 
 SAMPLE_ARGS = (
     "--showuse",
@@ -91,7 +91,7 @@ def _card_sample(index: int, card: dict[str, Any]) -> GpuSample:
     return GpuSample(
         index=index,
         name=_first(card, ("Card Series", "Card series", "Device Name")),
-        pci=_pci(card.get("PCI Bus")),
+        pci=bdf_or_none(card.get("PCI Bus")),
         util_pct=number(card.get("GPU use (%)")),
         mem_used_mb=number(card.get("VRAM Total Used Memory (B)"), 1 / 2**20),
         mem_total_mb=number(card.get("VRAM Total Memory (B)"), 1 / 2**20),
@@ -208,8 +208,3 @@ def _first(card: dict[str, Any], keys: tuple[str, ...]) -> Any:
     return next((card[key] for key in keys if key in card), None)
 
 
-def _pci(text: Any) -> str | None:
-    try:
-        return normalize_bdf(str(text)) if text else None
-    except TopologyError:
-        return None

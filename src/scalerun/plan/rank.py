@@ -39,7 +39,13 @@ from scalerun.netconf.decide import Decision, RankFacts, decide_environment
 from scalerun.netconf.interfaces import InterfaceChoice
 from scalerun.netconf.settings import Setting
 from scalerun.placement import Placement
-from scalerun.plan.binding import BindingPlan, RankBinding, plan_binding, srun_cpu_bind
+from scalerun.plan.binding import (
+    BindingPlan,
+    RankBinding,
+    plan_binding,
+    srun_cpu_bind,
+    usable_cores,
+)
 from scalerun.plan.gpu import RANK_VISIBILITY, GpuPlan, TaskGpus, plan_gpu
 from scalerun.sites.profile import SiteProfile
 from scalerun.topology.cpulist import format_cpulist
@@ -371,13 +377,8 @@ def core_share(
 
 
 def own_cores(topology: Topology) -> tuple[int, ...]:
-    """One CPU per physical core this process may use."""
-    firsts = []
-    for core in topology.cores:
-        allowed = set(core.threads) & topology.allowed_cpus
-        if allowed:
-            firsts.append(min(allowed))
-    return tuple(sorted(firsts))
+    """One CPU per physical core this process may use (the first allowed thread of each)."""
+    return tuple(sorted(min(core.threads) for core in usable_cores(topology)))
 
 
 def default_workers(cores: int, on_gpu: bool) -> int:

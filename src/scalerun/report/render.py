@@ -15,7 +15,6 @@ import base64
 import html
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import Report
@@ -23,12 +22,11 @@ from scalerun.report.nodes import RankProcesses
 from scalerun.report.steps import StepStats
 from scalerun.report.summary import report_summary
 from scalerun.report.verdicts import gib, pct, seconds
-from scalerun.scaling.report import HTML_PAGE, Section, Table
+from scalerun.scaling.report import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
 
 Timeline = tuple[str, str, bytes]
 """(node, path relative to the report, PNG bytes)."""
 TIMELINES = "Timelines"
-CODE_SPAN = re.compile(r"`([^`]*)`")
 BOLD = re.compile(r"\*\*([^*]+)\*\*")
 
 
@@ -148,12 +146,6 @@ def render_markdown(report: Report, sections: Sequence[Section], timelines: Sequ
     return "\n".join(lines)
 
 
-def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(escape(c) for c in row) + " |" for row in rows)]
-
-
 def render_html(report: Report, sections: Sequence[Section], timelines: Sequence[Timeline]) -> str:
     title = html.escape(f"Job report: {report.run_dir.name}")
     body = [f"<h1>{title}</h1>"]
@@ -178,8 +170,3 @@ def html_line(line: str) -> str:
     """Escaped text, with the Markdown code spans and bold the lines use."""
     return BOLD.sub(r"<strong>\1</strong>", CODE_SPAN.sub(r"<code>\1</code>", html.escape(line)))
 
-
-def html_table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

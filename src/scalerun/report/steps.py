@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scalerun.scaling.results import rank_span, step_parts
+from scalerun.scaling.results import json_number, rank_span, step_parts
 
 WARMUP_STEPS = 5
 """Steps left out at the start of each rank's log (``--warmup-steps``), as the scaling
@@ -77,14 +77,14 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
     warmup = warmup_for(len(records), wanted_warmup)
     steady = list(records[warmup:])
     parts = step_parts(steady)
-    samples = sum(int(number(r.get("samples")) or 0) for r in steady)
+    samples = sum(int(json_number(r.get("samples")) or 0) for r in steady)
     span = rank_span(list(records), warmup)
     own, basis = own_time(steady)
     end = float(records[-1]["t"])
     return StepStats(
         steps=len(records), last_step=_int(records[-1].get("step")), warmup_steps=warmup,
         steady_steps=len(steady), step_s=parts["step_s"] or 0.0,
-        step_median_s=statistics.median(number(r.get("dt")) or 0.0 for r in steady),
+        step_median_s=statistics.median(json_number(r.get("dt")) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
         comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=own, own_basis=basis,
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
@@ -93,11 +93,11 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
 
 def own_time(records: Sequence[Record]) -> tuple[float, str]:
     """Mean seconds of a rank's own work per step, and what it adds up."""
-    if any(number(r.get("comm_s")) is not None for r in records):
-        own = [sum(number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
-               - (number(r.get("comm_s")) or 0.0) for r in records]
+    if any(json_number(r.get("comm_s")) is not None for r in records):
+        own = [sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
+               - (json_number(r.get("comm_s")) or 0.0) for r in records]
         return _mean([max(0.0, value) for value in own]), "compute"
-    own = [sum(number(r.get(k)) or 0.0 for k in ("fwd_s", "opt_s")) for r in records]
+    own = [sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "opt_s")) for r in records]
     return _mean(own), "forward + optimizer"
 
 
@@ -169,15 +169,8 @@ def run_throughput(stats: Iterable[StepStats], world: int) -> float | None:
     return samples * (world / len(stats)) / max(spans)
 
 
-def number(value: Any) -> float | None:
-    """A JSON number as float; None for null, text and booleans."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _int(value: Any) -> int | None:
-    found = number(value)
+    found = json_number(value)
     return int(found) if found is not None else None
 
 

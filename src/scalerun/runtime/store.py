@@ -82,10 +82,17 @@ def rendezvous_store(where: placement_mod.Placement, timeout: datetime.timedelta
                    multi_tenant=True)
     if sock is None:
         return dist.PrefixStore("default_pg", dist.TCPStore(address, where.master_port, **options))
-    fd = sock.detach()  # torch owns the descriptor from here on
+    return dist.PrefixStore("default_pg", store_on(sock, address, where.master_port, **options))
+
+
+def store_on(sock: socket.socket, address: str, port: int, *, fallback_port: int | None = None,
+             **options: object) -> dist.TCPStore:
+    """The master ``TCPStore`` serving on ``sock`` (bound to ``address:port``), which torch
+    owns from here on. A torch without ``master_listen_fd`` gets the socket closed and runs
+    its own server, on all addresses, at ``fallback_port`` (default: ``port``)."""
+    fd = sock.detach()
     try:
-        store = dist.TCPStore(address, where.master_port, master_listen_fd=fd, **options)
-    except TypeError:  # a torch without master_listen_fd: its own server, on all addresses
+        return dist.TCPStore(address, port, master_listen_fd=fd, **options)
+    except TypeError:
         os.close(fd)
-        store = dist.TCPStore(address, where.master_port, **options)
-    return dist.PrefixStore("default_pg", store)
+        return dist.TCPStore(address, port if fallback_port is None else fallback_port, **options)

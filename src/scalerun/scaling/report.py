@@ -232,9 +232,7 @@ def render_markdown(summary: Summary, sections: list[Section], has_plot: bool) -
         lines += [f"## {section.title}", ""]
         lines += [f"- {line}" for line in section.lines]
         if section.table:
-            headers, rows = section.table
-            lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-            lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+            lines += ["", *markdown_table(*section.table)]
         lines.append("")
         if section.title == "Results" and has_plot:
             lines += [f"![throughput and efficiency]({PLOT_FILE})", ""]
@@ -249,7 +247,7 @@ def render_html(summary: Summary, sections: list[Section], png: bytes | None) ->
         if section.lines:
             body.append("<ul>" + "".join(f"<li>{_html_line(line)}</li>" for line in section.lines) + "</ul>")
         if section.table:
-            body.append(_html_table(*section.table))
+            body.append(html_table(*section.table))
         if section.title == "Results" and png:
             data = base64.b64encode(png).decode("ascii")
             body.append(f'<p><img alt="throughput and efficiency" src="data:image/png;base64,{data}"></p>')
@@ -261,9 +259,17 @@ def _html_line(line: str) -> str:
     return CODE_SPAN.sub(r"<code>\1</code>", html.escape(line))
 
 
-def _html_table(headers: list[str], rows: list[list[str]]) -> str:
+def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines (``|`` in a cell escaped); the job report uses it too."""
+    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(escape(c) for c in row) + " |" for row in rows)]
+
+
+def html_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """An escaped HTML table; the job report uses it too."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

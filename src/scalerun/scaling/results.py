@@ -132,14 +132,14 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The step records in step order; a step logged twice (a restart) keeps its last record."""
     by_step: dict[Any, dict[str, Any]] = {}
     for record in records:
-        if record.get("kind") == "step" and _number(record.get("t")) is not None:
+        if record.get("kind") == "step" and json_number(record.get("t")) is not None:
             by_step[record.get("step", len(by_step))] = record
-    return sorted(by_step.values(), key=lambda r: (_number(r.get("step")) or 0, r["t"]))
+    return sorted(by_step.values(), key=lambda r: (json_number(r.get("step")) or 0, r["t"]))
 
 
 def _metrics(metas: dict[int, dict], steps: dict[int, list], steady: dict[int, list],
              warmup_steps: int) -> RunMetrics:
-    world = max([int(m["world_size"]) for m in metas.values() if _number(m.get("world_size"))] or [len(steps)])
+    world = max([int(m["world_size"]) for m in metas.values() if json_number(m.get("world_size"))] or [len(steps)])
     spans = [rank_span(steps[rank], warmup_steps) for rank in steady]
     span = max(spans)
     samples = sum(_samples(records) for records in steady.values())
@@ -178,7 +178,7 @@ def rank_span(records: list[dict[str, Any]], warmup_steps: int) -> float:
     if warmup_steps > 0:
         start = float(records[warmup_steps - 1]["t"])
     else:
-        start = float(steady[0]["t"]) - (_number(steady[0].get("dt")) or 0.0)
+        start = float(steady[0]["t"]) - (json_number(steady[0].get("dt")) or 0.0)
     return max(0.0, float(steady[-1]["t"]) - start)
 
 
@@ -187,14 +187,14 @@ def step_parts(records: list[dict[str, Any]]) -> dict[str, float | None]:
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    comms = [c for c in (_number(r.get("comm_s")) for r in records) if c is not None]
+    comms = [c for c in (json_number(r.get("comm_s")) for r in records) if c is not None]
     computes, others = [], []
     for r in records:
-        work = sum(_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
-        computes.append(max(0.0, work - (_number(r.get("comm_s")) or 0.0)))
-        others.append(max(0.0, (_number(r.get("dt")) or 0.0) - work - (_number(r.get("data_s")) or 0.0)))
-    return {"step_s": mean([_number(r.get("dt")) or 0.0 for r in records]),
-            "data_s": mean([_number(r.get("data_s")) or 0.0 for r in records]),
+        work = sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
+        computes.append(max(0.0, work - (json_number(r.get("comm_s")) or 0.0)))
+        others.append(max(0.0, (json_number(r.get("dt")) or 0.0) - work - (json_number(r.get("data_s")) or 0.0)))
+    return {"step_s": mean([json_number(r.get("dt")) or 0.0 for r in records]),
+            "data_s": mean([json_number(r.get("data_s")) or 0.0 for r in records]),
             "compute_s": mean(computes), "comm_s": mean(comms) if comms else None,
             "other_s": mean(others)}
 
@@ -217,18 +217,18 @@ def _last_values(records: list[dict[str, Any]]) -> dict[str, float]:
     for record in records:
         scalars = record.get("scalars")
         for name, value in (scalars.items() if isinstance(scalars, dict) else ()):
-            number = _number(value)
+            number = json_number(value)
             if number is not None:
                 last[str(name)] = number
     return last
 
 
 def _samples(records: list[dict[str, Any]]) -> int:
-    return sum(int(_number(r.get("samples")) or 0) for r in records)
+    return sum(int(json_number(r.get("samples")) or 0) for r in records)
 
 
 def _grad_bytes(metas: dict[int, dict]) -> int | None:
-    values = [int(m["grad_bytes"]) for _, m in sorted(metas.items()) if _number(m.get("grad_bytes"))]
+    values = [int(m["grad_bytes"]) for _, m in sorted(metas.items()) if json_number(m.get("grad_bytes"))]
     return values[0] if values else None
 
 
@@ -236,8 +236,8 @@ def _first(scalars: dict[str, float], names: tuple[str, ...]) -> float | None:
     return next((scalars[name] for name in names if name in scalars), None)
 
 
-def _number(value: Any) -> float | None:
-    """A JSON number as float; None for null, text, booleans."""
+def json_number(value: Any) -> float | None:
+    """A JSON number as float; None for null, text, booleans (the job report uses it too)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)

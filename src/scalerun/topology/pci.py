@@ -34,6 +34,15 @@ def normalize_bdf(text: str) -> str:
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
 
 
+def bdf_or_none(text: object) -> str | None:
+    """:func:`normalize_bdf` of a value a monitoring tool reported, or None where it gave
+    none or one that is not a PCI address (a sample keeps its other values then)."""
+    try:
+        return normalize_bdf(str(text)) if text else None
+    except TopologyError:
+        return None
+
+
 def is_bdf(text: str) -> bool:
     """True for a full sysfs PCI device name such as ``0000:c1:00.0``."""
     return re.fullmatch(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", text) is not None
