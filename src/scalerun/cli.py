@@ -52,7 +52,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="scalerun",
         description="Run PyTorch training on many GPUs and nodes, correctly placed and checked.",
     )
-    from scalerun import __version__
+    from scalerun.version import __version__
 
     parser.add_argument("--version", action="version", version=f"scalerun {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

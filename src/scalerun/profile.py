@@ -16,10 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from scalerun.errors import ScalerunError
+from scalerun.plan import variables
 
-RANKS_VARIABLE = "SCALERUN_PROFILE_RANKS"
-PROFILER_VARIABLE = "SCALERUN_PROFILER"
-SCHEDULE_VARIABLE = "SCALERUN_PROFILE_SCHEDULE"
 FIRST_PER_NODE = "first-per-node"
 DEFAULT_SCHEDULE = (2, 1, 3)
 """torch.profiler's wait, warm-up and active steps: skip start-up, trace a few steps."""
@@ -50,20 +48,20 @@ def is_chosen(spec: str | None, rank: int, local_rank: int) -> bool:
 
 
 def profiler_of(environ: Mapping[str, str]) -> str:
-    return environ.get(PROFILER_VARIABLE, "").strip() or "torch"
+    return environ.get(variables.PROFILER, "").strip() or "torch"
 
 
 def schedule(environ: Mapping[str, str]) -> tuple[int, int, int]:
     """(wait, warm-up, active) steps from ``SCALERUN_PROFILE_SCHEDULE=2,1,3``."""
-    text = environ.get(SCHEDULE_VARIABLE, "").strip()
+    text = environ.get(variables.PROFILE_SCHEDULE, "").strip()
     if not text:
         return DEFAULT_SCHEDULE
     try:
         wait, warmup, active = (int(part) for part in text.split(","))
     except ValueError:
-        raise ScalerunError(f"{SCHEDULE_VARIABLE}={text!r} is not WAIT,WARMUP,ACTIVE, e.g. 2,1,3") from None
+        raise ScalerunError(f"{variables.PROFILE_SCHEDULE}={text!r} is not WAIT,WARMUP,ACTIVE, e.g. 2,1,3") from None
     if min(wait, warmup) < 0 or active < 1:
-        raise ScalerunError(f"{SCHEDULE_VARIABLE}={text}: WAIT and WARMUP >= 0, ACTIVE >= 1")
+        raise ScalerunError(f"{variables.PROFILE_SCHEDULE}={text}: WAIT and WARMUP >= 0, ACTIVE >= 1")
     return wait, warmup, active
 
 

@@ -44,18 +44,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-RUN_DIR_VARIABLE = "SCALERUN_RUN_DIR"
-"""Set by scalerun's launchers in every rank; the runtime writes its logs under it."""
-RUNS_VARIABLE = "SCALERUN_RUNS"
-"""The folder default run directories go in (``runs`` in the current folder)."""
+from scalerun.plan import variables
 
-STEPS = "steps"
-MONITOR = "monitor"
-PROFILE = "profile"
-TENSORBOARD = "tensorboard"
-STACKS = "stacks"
-LOGS = "logs"
-RUN_FILE = "run.json"
+# The names are spelled in :mod:`scalerun.plan.variables`; these are their short local names.
+STEPS = variables.STEPS_DIR
+MONITOR = variables.MONITOR_DIR
+PROFILE = variables.PROFILE_DIR
+TENSORBOARD = variables.TENSORBOARD_DIR
+STACKS = variables.STACKS_DIR
+LOGS = variables.LOGS_DIR
+RUN_FILE = variables.RUN_FILE
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -63,7 +61,7 @@ def default_run_dir(name: str, base: Path | str | None = None, now: float | None
     """``runs/NAME-YYYYmmdd-HHMMSS`` (``$SCALERUN_RUNS`` instead of ``runs``), absolute, so
     that ranks on other nodes agree; a second launch in the same second gets ``-2``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    folder = Path(base or os.environ.get(RUNS_VARIABLE) or "runs").resolve()
+    folder = Path(base or os.environ.get(variables.RUNS) or "runs").resolve()
     first = folder / f"{safe_name(name) or 'run'}-{stamp}"
     candidate, count = first, 1
     while candidate.exists():
@@ -80,7 +78,7 @@ def safe_name(text: str) -> str:
 def run_dir_from(environ: Mapping[str, str] | None = None) -> Path | None:
     """The run directory the launcher gave this rank, or None (plain ``python``, torchrun)."""
     env = os.environ if environ is None else environ
-    value = env.get(RUN_DIR_VARIABLE, "").strip()
+    value = env.get(variables.RUN_DIR, "").strip()
     return Path(value) if value else None
 
 

@@ -27,6 +27,7 @@ from dataclasses import replace
 from scalerun.errors import TopologyError
 from scalerun.netconf.versions import rocm_version
 from scalerun.placement import Placement, detect
+from scalerun.plan import variables
 from scalerun.plan.gpu import task_gpus
 from scalerun.plan.rank import (
     NodePlan,
@@ -43,13 +44,11 @@ from scalerun.topology.cpulist import format_cpulist, parse_cpulist
 from scalerun.topology.model import Core, NumaNode, Topology
 from scalerun.topology.sysfs import read_node, read_online_cpus
 
-SYSFS_VARIABLE = "SCALERUN_SYSFS"
-
 
 def sysfs_root(flag: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     """``--sysfs``, else ``$SCALERUN_SYSFS``, else ``/``."""
     env = os.environ if environ is None else environ
-    return flag or env.get(SYSFS_VARIABLE, "").strip() or "/"
+    return flag or env.get(variables.SYSFS, "").strip() or "/"
 
 
 def is_this_machine(root: str) -> bool:

@@ -15,7 +15,8 @@ import pytest
 from scalerun.cli import main
 from scalerun.commands import launch
 from scalerun.errors import LaunchError, ScalerunError
-from scalerun.plan.deepspeed import CONFIG_VARIABLE, named_config, rank_env, script_arguments
+from scalerun.plan import variables
+from scalerun.plan.deepspeed import named_config, rank_env, script_arguments
 from scalerun.runtime.strategies.deepspeed_config import config_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def test_the_pair_is_appended_once(config) -> None:
     already = ("--deepspeed", "--deepspeed_config", config)
     assert script_arguments(config, already) == already
     assert script_arguments(None, ("x",)) == ("x",) and rank_env(None) == {}
-    assert rank_env(config) == {CONFIG_VARIABLE: config}
+    assert rank_env(config) == {variables.DEEPSPEED_CONFIG: config}
 
 
 def test_a_second_config_in_the_arguments_is_refused(config) -> None:
@@ -62,7 +63,7 @@ def test_the_job_script_passes_it_on(capsys, config, tmp_path) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert f"{PROBE} --steps 3 --deepspeed --deepspeed_config {config}" in out
-    assert f"export {CONFIG_VARIABLE}={config}" in out
+    assert f"export {variables.DEEPSPEED_CONFIG}={config}" in out
 
 
 def test_a_local_launch_passes_it_on(config) -> None:
@@ -71,7 +72,7 @@ def test_a_local_launch_passes_it_on(config) -> None:
     args = parser.parse_args(["launch", "--nproc-per-node", "2", "--deepspeed-config", config, PROBE, "x"])
     request = launch.request_from_args(args)
     assert request.script_args == ("x", "--deepspeed", "--deepspeed_config", config)
-    assert request.env[CONFIG_VARIABLE] == config
+    assert request.env[variables.DEEPSPEED_CONFIG] == config
 
 
 @pytest.mark.parametrize(("text", "error"), [
@@ -89,7 +90,7 @@ def test_a_broken_config_is_one_line_before_anything_starts(capsys, tmp_path, te
 
 
 def test_wrap_takes_the_launched_config_unless_the_code_names_another(config, tmp_path) -> None:
-    launched = {CONFIG_VARIABLE: config}
+    launched = {variables.DEEPSPEED_CONFIG: config}
     assert config_source(None, launched) == config
     assert config_source(None, {}) is None
     assert config_source(config, launched) == config

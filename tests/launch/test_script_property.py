@@ -28,11 +28,8 @@ from hypothesis import strategies as st
 from scalerun.errors import LaunchError, ScalerunError
 from scalerun.launch.observe import Observe
 from scalerun.launch.slurm import (
-    TEMPLATE_REF,
-    ShellRef,
     render_sbatch,
     secret_handoff,
-    shell_template,
     srun_command,
 )
 from scalerun.plan.job import (
@@ -45,6 +42,7 @@ from scalerun.plan.job import (
     plan_job,
 )
 from scalerun.redact import is_secret_name
+from scalerun.shell import TEMPLATE_REF, ShellRef, shell_template
 from scalerun.sites.profile import (
     ContainerDefaults,
     ModulesSpec,

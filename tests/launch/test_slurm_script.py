@@ -19,17 +19,14 @@ from scalerun.commands.exec_ import srun_cpu_bind_here
 from scalerun.errors import LaunchError
 from scalerun.launch import slurm_cli
 from scalerun.launch.slurm import (
-    ShellRef,
-    expand_template,
     job_rendezvous,
     render_sbatch,
     secret_handoff,
-    shell_quote,
-    shell_template,
     srun_command,
 )
 from scalerun.launch.slurm_submit import exit_code_of, failed_ranks
 from scalerun.plan.job import Container, Resources, SlurmJob, parse_sbatch_arg, sbatch_value
+from scalerun.shell import ShellRef, expand_template, shell_quote, shell_template
 from tests.fixtures.make_sysfs import build_tree, load
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ def rank_env(rank: int, world: int, port: int, run_dir: Path, folder: Path) -> d
     return {**env, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1", "SCALERUN_BIND": "0", "SCALERUN_TIMEOUT": "60",
-            "SCALERUN_RUN_DIR": str(run_dir), preempt.CHECKPOINT_VARIABLE: str(folder)}
+            "SCALERUN_RUN_DIR": str(run_dir), "SCALERUN_CHECKPOINT": str(folder)}
 
 
 def run_ranks(tmp: Path, tag: str, signal_after: int, world: int = 2) -> tuple[list[int], str]:
@@ -109,7 +109,7 @@ def test_exit_status_tells_the_job_script_unless_an_agent_would_take_it_for_a_fa
 
 @pytest.mark.parametrize(
     ("environ", "armed"),
-    [({}, ("SIGUSR1",)), ({preempt.CHECKPOINT_VARIABLE: "/ckpt"}, ("SIGUSR1", "SIGTERM"))],
+    [({}, ("SIGUSR1",)), ({"SCALERUN_CHECKPOINT": "/ckpt"}, ("SIGUSR1", "SIGTERM"))],
 )
 def test_sigterm_is_handled_only_where_the_rank_can_save(environ: dict, armed: tuple) -> None:
     """And after the run (shutdown, exit) a late warning is ignored, SIGTERM is as before."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.process import exec_command
+from scalerun.plan import variables
 
 NAME = "exec"
 RDZV_CONF_VARIABLE = "PET_RDZV_CONF"
@@ -85,8 +86,8 @@ def exported_env(
     Only unset variables are added; ``--env`` values expand against the task's
     environment plus the rank variables, so ``${RANK}`` works in them too.
     """
-    from scalerun.launch.slurm import expand_template
     from scalerun.placement import detect, split_exports
+    from scalerun.shell import expand_template
 
     where = detect(environ)
     wanted = where.to_env()
@@ -122,7 +123,7 @@ def decided_env(environ: Mapping[str, str], *, bind: bool = False) -> dict[str, 
     plan = plan_this_rank(environ=environ, tolerate_missing_sysfs=True)
     if bind:
         apply_binding(plan)
-    if environ.get("SCALERUN_NETCONF", "1") == "0":
+    if environ.get(variables.NETCONF, "1") == "0":
         return {}
     return apply_settings(plan.environment, {})
 
@@ -192,7 +193,7 @@ def profiled(command: list[str], environ: Mapping[str, str]) -> list[str]:
     from scalerun.placement import detect
     from scalerun.rundir import profile_dir, run_dir_from
 
-    spec, run_dir = environ.get(profile.RANKS_VARIABLE), run_dir_from(environ)
+    spec, run_dir = environ.get(variables.PROFILE_RANKS), run_dir_from(environ)
     if not spec or run_dir is None or profile.profiler_of(environ) == "torch":
         return command
     where = detect(environ)

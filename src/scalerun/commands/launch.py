@@ -10,6 +10,7 @@ from pathlib import Path
 from scalerun.errors import LaunchError
 from scalerun.launch import deepspeed_flag, hang, observe, slurm_cli
 from scalerun.launch.local import LocalLaunch, run_local
+from scalerun.plan import variables
 from scalerun.plan.deepspeed import rank_env, script_arguments
 from scalerun.plan.gpu import BACKENDS
 
@@ -113,12 +114,11 @@ def request_from_args(args: argparse.Namespace) -> LocalLaunch:
 def hang_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
     """``SCALERUN_HANG_TIMEOUT`` for local ranks: ``--hang-timeout``, else the shell's own,
     else the site's ``[runtime] hang_timeout`` (the site of ``$SCALERUN_SITE``, else local)."""
-    from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
     from scalerun.sites import load_site, site_name
 
     if args.hang_timeout is not None:
         return hang.local_rank_env(args.hang_timeout, 0, environ)
-    if HANG_TIMEOUT_VARIABLE in environ:
+    if variables.HANG_TIMEOUT in environ:
         return {}
     return hang.variable(load_site(site_name(None, environ)).runtime.hang_timeout)
 

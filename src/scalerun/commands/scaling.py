@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import ScalerunError
+from scalerun.plan import variables
 from scalerun.sites import add_site_argument, resolve_site
-
-STEPS_VARIABLE = "SCALERUN_MAX_STEPS"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="strong: --batch is the global batch, divided; weak: --batch per rank")
     p.add_argument("--batch", type=int, help="global (strong) or per-rank (weak) batch; "
                    "{per_rank_batch} in the script's arguments is replaced by each run's")
-    p.add_argument("--steps", type=int, help=f"optimizer steps per run (exported as {STEPS_VARIABLE}; "
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (exported as {variables.MAX_STEPS}; "
                    "also {steps} in the script's arguments)")
     p.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of the numbers (default 5)")
     p.add_argument("--out", type=Path, help="study folder (default runs/scaling-TIME); rerun to resume")
@@ -143,7 +142,7 @@ class SlurmSizes:
         from scalerun.scaling import substitute
         from scalerun.scaling.study import LAUNCH_LOG, run_logged
 
-        steps = ["--env", f"{STEPS_VARIABLE}={self.args.steps}"] if self.args.steps else []
+        steps = ["--env", f"{variables.MAX_STEPS}={self.args.steps}"] if self.args.steps else []
         command = [sys.executable, "-m", "scalerun", "launch", "--nodes", str(size.nodes), *self.common(),
                    *steps, "--wait", "--run-dir", str(run_dir.resolve()), self.request.script,
                    *substitute(self.request.script_args, size.per_rank_batch)]
@@ -165,17 +164,17 @@ class _steps_exported:
     def __enter__(self) -> None:
         import os
 
-        self.saved = os.environ.get(STEPS_VARIABLE)
+        self.saved = os.environ.get(variables.MAX_STEPS)
         if self.steps:
-            os.environ[STEPS_VARIABLE] = str(self.steps)
+            os.environ[variables.MAX_STEPS] = str(self.steps)
 
     def __exit__(self, *exc: object) -> None:
         import os
 
         if self.saved is None:
-            os.environ.pop(STEPS_VARIABLE, None)
+            os.environ.pop(variables.MAX_STEPS, None)
         else:
-            os.environ[STEPS_VARIABLE] = self.saved
+            os.environ[variables.MAX_STEPS] = self.saved
 
 
 def doctor_busbw(where: list[str]) -> float | None:

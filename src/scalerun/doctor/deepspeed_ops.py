@@ -26,6 +26,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from scalerun.plan import variables
+
 SHM_COMM = "deepspeed_shm_comm"
 """The shared-memory collective op DeepSpeed's comm layer builds on CPU accelerators."""
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -209,13 +211,12 @@ def _config_needs(path: str | None, accelerator: str) -> tuple[tuple[str, ...], 
 
 def read_deepspeed(environ: Mapping[str, str]) -> DeepSpeedFacts | None:
     """This node's DeepSpeed, or None where it is not installed (nothing is imported then)."""
-    from scalerun.plan.deepspeed import CONFIG_VARIABLE
 
     if importlib.util.find_spec("deepspeed") is None:
         return None
     folder = extensions_dir(environ)
     version, accelerator, ninja, ops = op_table(folder)
-    config = environ.get(CONFIG_VARIABLE) or None
+    config = environ.get(variables.DEEPSPEED_CONFIG) or None
     needs, error = _config_needs(config, accelerator)
     return DeepSpeedFacts(version=version, accelerator=accelerator, ninja=ninja,
                           extensions_dir=folder, ops=ops, config=config, needs=needs, error=error)

@@ -225,7 +225,7 @@ def library_versions() -> dict[str, str | None]:
     """The versions that must match between nodes for collectives to agree."""
     import torch
 
-    from scalerun import __version__
+    from scalerun.version import __version__
 
     return {
         "python": platform.python_version(),

@@ -16,7 +16,7 @@ import argparse
 import os
 
 from scalerun.errors import LaunchError, ScalerunError
-from scalerun.plan.deepspeed import CONFIG_VARIABLE
+from scalerun.plan import variables
 
 
 def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -25,7 +25,7 @@ def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         "--deepspeed-config", metavar="FILE", default=None,
         help="DeepSpeed config (ds_config.json): checked now, passed to the script as "
         "--deepspeed --deepspeed_config FILE (the course's form) and to scalerun.wrap / "
-        f"scalerun doctor as ${CONFIG_VARIABLE}",
+        f"scalerun doctor as ${variables.DEEPSPEED_CONFIG}",
     )
 
 

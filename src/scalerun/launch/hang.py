@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import LaunchError
+from scalerun.plan import variables
 from scalerun.rundir import STACKS
-from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
 from scalerun.runtime.stacks import HEADER_PREFIX
 from scalerun.topology.cpulist import format_cpulist
 
@@ -50,7 +50,7 @@ def checked(seconds: float | None) -> float | None:
 
 
 def variable(seconds: float) -> dict[str, str]:
-    return {HANG_TIMEOUT_VARIABLE: f"{seconds:g}"}
+    return {variables.HANG_TIMEOUT: f"{seconds:g}"}
 
 
 def local_rank_env(flag: float | None, site_default: float, environ: Mapping[str, str]) -> dict[str, str]:
@@ -58,7 +58,7 @@ def local_rank_env(flag: float | None, site_default: float, environ: Mapping[str
     default unless the launching shell already exports the variable."""
     if checked(flag) is not None:
         return variable(flag)
-    return {} if HANG_TIMEOUT_VARIABLE in environ else variable(site_default)
+    return {} if variables.HANG_TIMEOUT in environ else variable(site_default)
 
 
 # ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 from scalerun.errors import LaunchError
 from scalerun.launch import tail
 from scalerun.launch.observe import Observe, prepare_run_dir, start_sampler, stop_sampler
+from scalerun.plan import variables
 from scalerun.redact import redact_words, secret_values
 
 RANK_PREFIX = "[rank${rank}]: "
@@ -151,9 +152,9 @@ def rank_environment(request: LocalLaunch, environ: dict[str, str]) -> dict[str,
     """Variables the ranks inherit: the user's win, scalerun fills in the rest."""
     env = {**(request.observe.rank_env() if request.observe else {}), **request.env}
     if request.backend:
-        env["SCALERUN_BACKEND"] = request.backend
+        env[variables.BACKEND] = request.backend
     if request.verbose:
-        env.setdefault("SCALERUN_VERBOSE", "1")
+        env.setdefault(variables.VERBOSE, "1")
     if request.prefix_output:
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", RANK_PREFIX)
     return {k: v for k, v in env.items() if k not in environ or k in request.env}

@@ -23,20 +23,15 @@ from scalerun import profile
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
 from scalerun.launch.debug import debug_env, parse_kinds
+from scalerun.plan import variables
 from scalerun.redact import redact_data, secret_values
 from scalerun.rundir import (
-    RUN_DIR_VARIABLE,
     RUN_FILE,
     default_run_dir,
     monitor_path,
     ranks_path,
     run_dir_from,
 )
-from scalerun.runtime.tensorboard import TENSORBOARD_VARIABLE
-
-MONITOR_VARIABLE = "SCALERUN_MONITOR"
-"""``0`` turns the node sampler off (``--no-monitor``)."""
-MONITOR_INTERVAL_VARIABLE = "SCALERUN_MONITOR_INTERVAL"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,14 +61,14 @@ class Observe:
 
     def rank_env(self) -> dict[str, str]:
         """The variables every rank of the launch gets."""
-        env = {RUN_DIR_VARIABLE: str(self.run_dir)}
+        env = {variables.RUN_DIR: str(self.run_dir)}
         if self.profile_ranks:
-            env[profile.RANKS_VARIABLE] = self.profile_ranks
-            env[profile.PROFILER_VARIABLE] = self.profiler
+            env[variables.PROFILE_RANKS] = self.profile_ranks
+            env[variables.PROFILER] = self.profiler
         if self.tensorboard:
-            env[TENSORBOARD_VARIABLE] = self.tensorboard
-        env[MONITOR_VARIABLE] = "1" if self.monitor else "0"
-        env[MONITOR_INTERVAL_VARIABLE] = f"{self.monitor_interval:g}"
+            env[variables.TENSORBOARD] = self.tensorboard
+        env[variables.MONITOR] = "1" if self.monitor else "0"
+        env[variables.MONITOR_INTERVAL] = f"{self.monitor_interval:g}"
         return env | debug_env(self.debug, self.run_dir)
 
 
@@ -131,13 +126,13 @@ def prepare_run_dir(observe: Observe, what: Mapping[str, Any]) -> None:
 
 def start_sampler(run_dir: Path, watch_pid: int, environ: Mapping[str, str]) -> Any:
     """Start this node's sampler (``python -m scalerun.monitor.node``); None when off."""
-    if environ.get(MONITOR_VARIABLE, "1") == "0":
+    if environ.get(variables.MONITOR, "1") == "0":
         return None
     from scalerun.monitor.node import node_command, start_process
     from scalerun.placement import node_name
 
     node = node_name(environ)
-    interval = float(environ.get(MONITOR_INTERVAL_VARIABLE, "1") or 1)
+    interval = float(environ.get(variables.MONITOR_INTERVAL, "1") or 1)
     argv = node_command(monitor_path(run_dir, node), interval_s=interval, node=node,
                         ranks_file=ranks_path(run_dir, node), watch_pid=watch_pid)
     return start_process(argv)
@@ -163,7 +158,7 @@ def register_rank(rank: int, local_rank: int, environ: Mapping[str, str] | None 
     """A rank tells its node's sampler its pid (``scalerun.init`` calls this)."""
     env = os.environ if environ is None else environ
     run_dir = run_dir_from(env)
-    if run_dir is None or env.get(MONITOR_VARIABLE, "1") == "0":
+    if run_dir is None or env.get(variables.MONITOR, "1") == "0":
         return
     from scalerun.monitor.host import record_rank
     from scalerun.placement import node_name

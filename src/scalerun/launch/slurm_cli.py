@@ -29,6 +29,7 @@ from scalerun.launch.debug import findings, parse_kinds
 from scalerun.launch.observe import Observe
 from scalerun.launch.script_check import imports_scalerun
 from scalerun.launch.slurm import check_secrets_exported, render_sbatch, secret_handoff
+from scalerun.plan import variables
 from scalerun.plan.job import MODES, LaunchRequest, SlurmJob, parse_env_pairs, plan_job
 from scalerun.redact import redact_words, secret_values
 from scalerun.sites import add_site_argument, load_site, site_name
@@ -203,10 +204,9 @@ def add_time_limit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
     """``--checkpoint`` as the variable every rank reads, absolute (ranks may start elsewhere)."""
-    from scalerun.runtime.preempt import CHECKPOINT_VARIABLE
 
     folder = getattr(args, "checkpoint", None)
-    return {CHECKPOINT_VARIABLE: str(Path(folder).resolve())} if folder else {}
+    return {variables.CHECKPOINT: str(Path(folder).resolve())} if folder else {}
 
 
 def binding_env(args: argparse.Namespace) -> dict[str, str]:

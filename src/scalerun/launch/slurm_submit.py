@@ -22,8 +22,8 @@ from pathlib import Path
 
 from scalerun.errors import LaunchError
 from scalerun.files import write_text_atomic
+from scalerun.plan import variables
 
-SCRIPT_NAME = "job.sbatch"
 FINAL_STATES = {
     "COMPLETED",
     "FAILED",
@@ -67,7 +67,7 @@ class JobEnd:
 
 def write_script(text: str, run_dir: Path) -> Path:
     """The job script in the run directory, written atomically and executable."""
-    return write_text_atomic(run_dir / SCRIPT_NAME, text, executable=True, what="--run-dir")
+    return write_text_atomic(run_dir / variables.JOB_SCRIPT_FILE, text, executable=True, what="--run-dir")
 
 
 def _tool(

@@ -17,6 +17,7 @@ from scalerun.netconf.caches import cache_settings
 from scalerun.netconf.gpu_direct import gdr_setting
 from scalerun.netconf.interfaces import InterfaceChoice, choose_interfaces
 from scalerun.netconf.settings import Setting, respect_user
+from scalerun.plan import variables
 from scalerun.topology.model import Nic
 
 
@@ -55,7 +56,7 @@ def malloc_setting(rank: RankFacts, environ: Mapping[str, str]) -> Setting | Non
     ``SCALERUN_MALLOC=0``; ``scalerun.init`` also applies it to its own running process.
     """
     tuned = any(name.startswith("MALLOC_") and name.endswith("_") for name in environ)
-    if not rank.cpu_compute or tuned or environ.get("SCALERUN_MALLOC", "1") == "0":
+    if not rank.cpu_compute or tuned or environ.get(variables.MALLOC, "1") == "0":
         return None
     return Setting("GLIBC_TUNABLES", MALLOC_TUNABLES, "default",
                    "fixed malloc thresholds: a CPU rank's heap is not trimmed and faulted in "

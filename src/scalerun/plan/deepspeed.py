@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.plan import variables
 
-CONFIG_VARIABLE = "SCALERUN_DEEPSPEED_CONFIG"
-"""Where ranks, ``wrap`` and the doctor find the run's DeepSpeed config file."""
 SWITCH = "--deepspeed"
 """``deepspeed.add_config_arguments``' flag that turns DeepSpeed on in the script."""
 CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config")
@@ -65,4 +64,4 @@ def _same_file(named: str, config: str) -> bool:
 
 def rank_env(config: str | None) -> dict[str, str]:
     """What every rank gets: the config's path, for ``wrap`` and the doctor."""
-    return {} if config is None else {CONFIG_VARIABLE: config}
+    return {} if config is None else {variables.DEEPSPEED_CONFIG: config}

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.plan import variables
 from scalerun.topology.model import Gpu
 
 #: Variables that hide GPUs from a process: CUDA's, and ROCm's two layers (ROCR below HIP).
@@ -37,7 +38,6 @@ ROCM_VISIBILITY_ORDER = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VI
 #: The variable that gives one rank one GPU, per vendor (LUMI's select-GPU wrapper uses ROCR).
 RANK_VISIBILITY = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
 BACKENDS = ("nccl", "gloo", "mpi", "xccl", "ucc")
-BACKEND_VARIABLE = "SCALERUN_BACKEND"
 #: SLURM's node-wide numbers of a task's GPUs: a step's task first, then the batch script's.
 SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 #: Where SLURM writes the task's own numbering, per vendor; ``GPU_DEVICE_ORDINAL`` (which
@@ -220,10 +220,10 @@ def shown_visibility(environ: Mapping[str, str]) -> str:
 
 def requested_backend(backend: str | None, environ: Mapping[str, str]) -> str | None:
     """The backend the user asked for (argument, else ``SCALERUN_BACKEND``), checked."""
-    chosen = backend or environ.get(BACKEND_VARIABLE, "").strip() or None
+    chosen = backend or environ.get(variables.BACKEND, "").strip() or None
     if chosen is not None and chosen not in BACKENDS:
         raise ScalerunError(
-            f"backend {chosen!r} is not one of {', '.join(BACKENDS)}; fix {BACKEND_VARIABLE} "
+            f"backend {chosen!r} is not one of {', '.join(BACKENDS)}; fix {variables.BACKEND} "
             "or --backend"
         )
     return chosen
@@ -235,7 +235,7 @@ def too_many_ranks(ranks: int, gpus: int, environ: Mapping[str, str]) -> str:
         f"{ranks} ranks per node but {gpus} GPU(s) on this node ({shown_visibility(environ)}): "
         f"NCCL cannot put two ranks on one GPU; run {gpus} rank(s) per node "
         "(--nproc-per-node gpu), or use the gloo backend for a CPU-only run "
-        f"(--backend gloo, {BACKEND_VARIABLE}=gloo)"
+        f"(--backend gloo, {variables.BACKEND}=gloo)"
     )
 
 

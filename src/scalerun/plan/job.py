@@ -24,6 +24,7 @@ from pathlib import Path
 
 from scalerun.errors import LaunchError
 from scalerun.plan import deepspeed as deepspeed_args
+from scalerun.plan import variables
 from scalerun.sites.profile import ENV_NAME_RE, MEMORY_RE, TIME_RE, SiteProfile
 
 MODES = ("srun", "torchrun")
@@ -250,9 +251,6 @@ DEFAULT_SIGNAL_BEFORE_S = 120
 """Seconds before the time limit at which the job script is warned, unless told otherwise."""
 MAX_SIGNAL_BEFORE_S = 65535
 """The most ``--signal=...@SECONDS`` accepts (SLURM keeps it in 16 bits)."""
-STOPPED_FILE = "stopped-on-signal"
-"""``RUN_DIR/stopped-on-signal``: rank 0 writes its checkpoint's path there after the ranks
-stopped on a signal (:mod:`scalerun.runtime.preempt`); the job script requeues on it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -519,13 +517,12 @@ Pairs = tuple[tuple[str, str], ...]
 def hang_env(request: LaunchRequest, site: SiteProfile) -> tuple[Pairs, Pairs]:
     """``SCALERUN_HANG_TIMEOUT`` for every rank, as (exported as given, kept when set): the
     flag always wins; the site's default yields to the submitting shell's own value."""
-    from scalerun.runtime.hang import HANG_TIMEOUT_VARIABLE
 
     if request.hang_timeout is None:
-        return (), ((HANG_TIMEOUT_VARIABLE, f"{site.runtime.hang_timeout:g}"),)
+        return (), ((variables.HANG_TIMEOUT, f"{site.runtime.hang_timeout:g}"),)
     if not request.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {request.hang_timeout:g} must be 0 (never) or a number of seconds")
-    return ((HANG_TIMEOUT_VARIABLE, f"{request.hang_timeout:g}"),), ()
+    return ((variables.HANG_TIMEOUT, f"{request.hang_timeout:g}"),), ()
 
 
 def preemption(request: LaunchRequest, site: SiteProfile) -> Preemption | None:
@@ -542,14 +539,13 @@ def preemption(request: LaunchRequest, site: SiteProfile) -> Preemption | None:
     if seconds is None and not requeue:
         return None
     return Preemption(signal_before_s=seconds, requeue=requeue,
-                      stopped_file=str(Path(request.run_dir) / STOPPED_FILE))
+                      stopped_file=str(Path(request.run_dir) / variables.STOPPED_FILE))
 
 
 def checkpoint_env(request: LaunchRequest) -> Pairs:
     """``SCALERUN_CHECKPOINT`` for every rank: where they save on a signal and resume from."""
-    from scalerun.runtime.preempt import CHECKPOINT_VARIABLE
 
-    return ((CHECKPOINT_VARIABLE, request.checkpoint),) if request.checkpoint else ()
+    return ((variables.CHECKPOINT, request.checkpoint),) if request.checkpoint else ()
 
 
 def _check_own_signal(job_resources: Resources, stop: Preemption | None) -> None:
@@ -587,12 +583,12 @@ def plan_job(request: LaunchRequest, site: SiteProfile, *, host_python: str) -> 
                               mounts=mounts + extra + request.container_mounts,
                               enter=site.container.enter, activate=activate)
     modules, module_use = site.modules.load, site.modules.use
-    verbose = (("SCALERUN_VERBOSE", "1"),) if request.verbose else ()
+    verbose = ((variables.VERBOSE, "1"),) if request.verbose else ()
     hang_flag, hang_default = hang_env(request, site)
     observed = dict(request.observe_env)
-    if request.mode == "torchrun" and observed.get("SCALERUN_PROFILER", "torch") != "torch":
+    if request.mode == "torchrun" and observed.get(variables.PROFILER, "torch") != "torch":
         raise LaunchError(
-            f"--profiler {observed['SCALERUN_PROFILER']!r} wraps rank processes, which torchrun "
+            f"--profiler {observed[variables.PROFILER]!r} wraps rank processes, which torchrun "
             "starts inside each node: use --mode srun, or --profiler torch"
         )
     job_resources, stop = resources(request, site), preemption(request, site)
@@ -620,7 +616,7 @@ def plan_job(request: LaunchRequest, site: SiteProfile, *, host_python: str) -> 
                     + tuple(deepspeed_args.rank_env(request.deepspeed_config).items())
                     + checkpoint_env(request)) + request.env,
         # ranks plan with the same site (scalerun.init, scalerun exec read SCALERUN_SITE)
-        site_env=(*literal((("SCALERUN_SITE", request.site), *hang_default, *restart_env(request))),
+        site_env=(*literal(((variables.SITE, request.site), *hang_default, *restart_env(request))),
                   *site.env.items()),
         task_env=tuple(site.task_env.items()),
         module_use=module_use,

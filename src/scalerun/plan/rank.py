@@ -39,6 +39,7 @@ from scalerun.netconf.decide import Decision, RankFacts, decide_environment
 from scalerun.netconf.interfaces import InterfaceChoice
 from scalerun.netconf.settings import Setting
 from scalerun.placement import Placement
+from scalerun.plan import variables
 from scalerun.plan.binding import (
     BindingPlan,
     RankBinding,
@@ -53,9 +54,6 @@ from scalerun.topology.model import Topology
 
 #: Launchers that give each rank its own CPU set (srun --cpu-bind, mpirun --bind-to).
 LAUNCHERS_THAT_BIND = frozenset({"slurm", "openmpi", "pmi"})
-BIND_VARIABLE = "SCALERUN_BIND"
-HYPERTHREADS_VARIABLE = "SCALERUN_HYPERTHREADS"
-MEMBIND_VARIABLE = "SCALERUN_MEMBIND"
 MAX_DEFAULT_WORKERS = 8
 
 
@@ -278,16 +276,16 @@ def binding_variables(hyperthreads: bool, membind: bool | None) -> dict[str, str
     """The variables that carry launch-time binding choices to every rank's plan and to a
     job script's mask planning; read back by :func:`wants_hyperthreads` and
     :func:`membind_decision`."""
-    env = {HYPERTHREADS_VARIABLE: "1"} if hyperthreads else {}
+    env = {variables.HYPERTHREADS: "1"} if hyperthreads else {}
     if membind is not None:
-        env[MEMBIND_VARIABLE] = "1" if membind else "0"
+        env[variables.MEMBIND] = "1" if membind else "0"
     return env
 
 
 def wants_hyperthreads(asked: bool, environ: Mapping[str, str]) -> bool:
     """Hyperthreads when asked for here or by ``SCALERUN_HYPERTHREADS=1`` (launch exports it
     to the job, so its mask planning and every rank agree)."""
-    return asked or env_flag(environ, HYPERTHREADS_VARIABLE) is True
+    return asked or env_flag(environ, variables.HYPERTHREADS) is True
 
 
 def shared_gpus(task: TaskGpus, ranks_per_node: int) -> tuple[int, ...] | None:
@@ -331,9 +329,9 @@ def membind_decision(
     The CPUs that count are those the rank will run on: its planned set where it applies
     it, else the ones its launcher left it (srun's mask).
     """
-    asked = wanted if wanted is not None else env_flag(environ, MEMBIND_VARIABLE)
+    asked = wanted if wanted is not None else env_flag(environ, variables.MEMBIND)
     if asked is False:
-        return None, f"turned off ({MEMBIND_VARIABLE}=0 or --no-membind)"
+        return None, f"turned off ({variables.MEMBIND}=0 or --no-membind)"
     cpus = frozenset(binding.cpus) if bind else topology.allowed_cpus
     nodes = sorted(node.id for node in topology.numa_nodes if node.cpus & cpus)
     shown = format_cpulist(cpus)
@@ -352,8 +350,8 @@ def bind_decision(
     wanted: bool | None,
 ) -> tuple[bool, str]:
     """Whether this rank applies its planned CPU set, and why (see the module docstring)."""
-    if wanted is False or (wanted is None and environ.get(BIND_VARIABLE, "1").strip() == "0"):
-        return False, f"turned off ({BIND_VARIABLE}=0 or bind=False)"
+    if wanted is False or (wanted is None and environ.get(variables.BIND, "1").strip() == "0"):
+        return False, f"turned off ({variables.BIND}=0 or bind=False)"
     if wanted is None and placement.launcher in LAUNCHERS_THAT_BIND:
         return False, f"{placement.launcher} binds its ranks (scalerun's job scripts pass this plan as srun --cpu-bind)"
     if not node.fits:

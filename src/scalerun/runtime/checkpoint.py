@@ -49,7 +49,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scalerun import __version__
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
 from scalerun.runtime.init import barrier, context
@@ -57,6 +56,7 @@ from scalerun.runtime.preempt import checkpoint_folder, watch_loader
 from scalerun.runtime.strategies.base import Strategy
 from scalerun.runtime.strategies.replicated import PlainModel
 from scalerun.runtime.wrap import Wrapped
+from scalerun.version import __version__
 
 POINTER = "latest"
 PREFIX = "step-"

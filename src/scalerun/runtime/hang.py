@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scalerun.errors import ScalerunError
+from scalerun.plan import variables
 from scalerun.runtime.stacks import (
     Frame,
     hang_report,
@@ -49,8 +50,6 @@ from scalerun.runtime.stacks import (
     write_stacks,
 )
 
-HANG_TIMEOUT_VARIABLE = "SCALERUN_HANG_TIMEOUT"
-"""Seconds without progress before a rank is ended; unset, empty or 0: no watchdog."""
 HANG_EXIT_CODE = 124
 """A rank ended by its watchdog exits with this (``timeout(1)``'s code for "timed out")."""
 DECLARED_FILE = "declared.json"
@@ -61,16 +60,16 @@ GRACE_S = 10.0
 def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
     """``SCALERUN_HANG_TIMEOUT`` in seconds; None when unset, empty or 0 (no watchdog)."""
     env = os.environ if environ is None else environ
-    text = env.get(HANG_TIMEOUT_VARIABLE, "").strip()
+    text = env.get(variables.HANG_TIMEOUT, "").strip()
     if not text:
         return None
     try:
         seconds = float(text)
     except ValueError:
-        raise ScalerunError(f"{HANG_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
+        raise ScalerunError(f"{variables.HANG_TIMEOUT}={text!r} is not a number of seconds; "
                             "give e.g. 1800, or 0 for no hang detection") from None
     if seconds < 0 or seconds != seconds:
-        raise ScalerunError(f"{HANG_TIMEOUT_VARIABLE}={text!r} must be 0 (off) or more seconds")
+        raise ScalerunError(f"{variables.HANG_TIMEOUT}={text!r} must be 0 (off) or more seconds")
     return seconds or None
 
 
@@ -175,7 +174,7 @@ class Watchdog:
     def __init__(self, *, rank: int, world_size: int, timeout_s: float, run_dir: Path | None,
                  environ: Mapping[str, str] | None = None, grace_s: float = GRACE_S) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        self.stacks = None if run_dir is None else run_dir / "stacks"
+        self.stacks = None if run_dir is None else run_dir / variables.STACKS_DIR
         self.environ = dict(os.environ if environ is None else environ)
         self.grace_s = grace_s
         self.started = time.time()

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
 from scalerun.rundir import run_dir_from
 from scalerun.runtime import hang
@@ -105,7 +106,7 @@ def init(
         exported_env=exported,
         plan=rank_plan,
     )
-    if verbose if verbose is not None else _env_flag("SCALERUN_VERBOSE"):
+    if verbose if verbose is not None else _env_flag(variables.VERBOSE):
         print(rank_report(_context), file=sys.stderr, flush=True)
     from scalerun.launch.observe import register_rank
 
@@ -243,7 +244,7 @@ def _apply_environment(rank_plan: RankPlan, environ: MutableMapping[str, str]) -
     Runs after binding and before the process group, so that NCCL/RCCL and gloo see the
     interface variables. ``SCALERUN_NETCONF=0`` turns it off.
     """
-    if environ.get("SCALERUN_NETCONF", "1") == "0":
+    if environ.get(variables.NETCONF, "1") == "0":
         return {}
     from scalerun.netconf.apply import apply_settings
 
@@ -263,11 +264,11 @@ def _timeout(timeout: float | None, hang_s: float | None = None) -> datetime.tim
     is raised above the hang timeout so that the hang watchdog, which writes every rank's
     stacks, ends a hang before a timed-out collective ends only the waiting ranks."""
     default = max(DEFAULT_TIMEOUT_S, hang_s + HANG_MARGIN_S) if hang_s else DEFAULT_TIMEOUT_S
-    raw = timeout if timeout is not None else os.environ.get("SCALERUN_TIMEOUT", default)
+    raw = timeout if timeout is not None else os.environ.get(variables.TIMEOUT, default)
     try:
         seconds = float(raw)
     except ValueError:
-        raise ScalerunError(f"SCALERUN_TIMEOUT={raw!r} is not a number of seconds") from None
+        raise ScalerunError(f"{variables.TIMEOUT}={raw!r} is not a number of seconds") from None
     if not seconds > 0:
         raise ScalerunError(f"timeout {seconds} must be a positive number of seconds")
     return datetime.timedelta(seconds=seconds)

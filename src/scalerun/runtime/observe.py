@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from scalerun import profile
+from scalerun.plan import variables
 from scalerun.runtime.steplog import StepLog, current_log
 
 
@@ -41,7 +42,7 @@ def start_profiler(ctx: Any) -> Any:
     from scalerun.rundir import profile_dir, run_dir_from
 
     run_dir = run_dir_from()
-    spec = os.environ.get(profile.RANKS_VARIABLE)
+    spec = os.environ.get(variables.PROFILE_RANKS)
     if run_dir is None or not profile.is_chosen(spec, ctx.rank, ctx.local_rank):
         return None
     if profile.profiler_of(os.environ) != "torch":
@@ -64,16 +65,13 @@ def start_profiler(ctx: Any) -> Any:
     return profiler
 
 
-MAX_STEPS_VARIABLE = "SCALERUN_MAX_STEPS"
-
-
 def max_steps() -> int | None:
     """``SCALERUN_MAX_STEPS`` as a count (``scalerun scaling --steps``), else None."""
-    text = os.environ.get(MAX_STEPS_VARIABLE, "").strip()
+    text = os.environ.get(variables.MAX_STEPS, "").strip()
     if not text:
         return None
     if not text.isdigit() or int(text) < 1:
         from scalerun.errors import ScalerunError
 
-        raise ScalerunError(f"{MAX_STEPS_VARIABLE}={text!r} is not a whole number of steps >= 1; fix or unset it")
+        raise ScalerunError(f"{variables.MAX_STEPS}={text!r} is not a whole number of steps >= 1; fix or unset it")
     return int(text)

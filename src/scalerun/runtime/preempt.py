@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from scalerun.plan.job import STOPPED_FILE
+from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import DataLoader
@@ -55,8 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerun.runtime.context import Context
     from scalerun.runtime.wrap import Wrapped
 
-CHECKPOINT_VARIABLE = "SCALERUN_CHECKPOINT"
-"""The run's checkpoint folder, set in every rank by ``scalerun launch --checkpoint DIR``."""
 EXIT_CHECKPOINTED = 75
 """Exit status of a rank that stopped on a signal after a complete checkpoint
 (sysexits' EX_TEMPFAIL: the job is not finished; start it again to continue)."""
@@ -87,7 +85,7 @@ _stop = _Stop()
 
 def checkpoint_folder(environ: Mapping[str, str] | None = None) -> Path | None:
     """``SCALERUN_CHECKPOINT`` as a path, or None when the launch gave no folder."""
-    value = (os.environ if environ is None else environ).get(CHECKPOINT_VARIABLE, "").strip()
+    value = (os.environ if environ is None else environ).get(variables.CHECKPOINT, "").strip()
     return Path(value) if value else None
 
 
@@ -210,7 +208,7 @@ def _write_stopped(saved: Path) -> None:
 
     run_dir = run_dir_from()
     if run_dir is not None:
-        write_text_atomic(run_dir / STOPPED_FILE, f"{saved}\n", what="the run directory")
+        write_text_atomic(run_dir / variables.STOPPED_FILE, f"{saved}\n", what="the run directory")
 
 
 def exit_status(launcher: str) -> int:

@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import ScalerunError
+from scalerun.plan import variables
 from scalerun.rundir import TENSORBOARD
 
-TENSORBOARD_VARIABLE = "SCALERUN_TENSORBOARD"
-"""``rank0`` or ``all``, set by the launcher's ``--tensorboard``; unset: no event files."""
 TIMINGS = ("dt", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s")
 
 
 def sink_for_rank(run_dir: Path, rank: int) -> Callable[[list[dict[str, Any]]], None] | None:
     """A function that writes records as events, for the ranks ``--tensorboard`` chose."""
-    which = os.environ.get(TENSORBOARD_VARIABLE, "").strip()
+    which = os.environ.get(variables.TENSORBOARD, "").strip()
     if not which or (which != "all" and rank != 0):
         return None
     try:

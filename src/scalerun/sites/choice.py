@@ -14,25 +14,25 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from scalerun.plan import variables
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import load_site
 
 DEFAULT_SITE = "local"
-SITE_VARIABLE = "SCALERUN_SITE"
 
 
 def add_site_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Declare ``--site`` (the only declaration of that flag)."""
     parser.add_argument(
         "--site",
-        help=f"site profile name or .toml path (default ${SITE_VARIABLE}, else {DEFAULT_SITE})",
+        help=f"site profile name or .toml path (default ${variables.SITE}, else {DEFAULT_SITE})",
     )
 
 
 def site_name(flag: str | None, environ: Mapping[str, str] | None = None) -> str:
     """The site's name: the flag, else ``$SCALERUN_SITE``, else ``local``."""
     env = os.environ if environ is None else environ
-    return flag or env.get(SITE_VARIABLE, "").strip() or DEFAULT_SITE
+    return flag or env.get(variables.SITE, "").strip() or DEFAULT_SITE
 
 
 def resolve_site(flag: str | None, environ: Mapping[str, str] | None = None) -> SiteProfile:

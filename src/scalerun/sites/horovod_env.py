@@ -63,7 +63,7 @@ def unset_references(pairs: Sequence[tuple[str, str]], environ: Mapping[str, str
 
 def render(pairs: Sequence[tuple[str, str]]) -> str:
     """``export NAME=VALUE`` lines for ``eval``: literal text quoted, ``${VAR}`` expanded."""
-    from scalerun.launch.slurm import shell_template
+    from scalerun.shell import shell_template
 
     return "".join(f"export {name}={shell_template(value)}\n" for name, value in pairs)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import ScalerunError
+from scalerun.plan import variables
 from scalerun.runtime.strategies.base import TrainSettings
 
 DEFAULT_ZERO_STAGE = 2
@@ -42,16 +43,15 @@ def config_source(
     """The config ``wrap`` uses: the code's, else the file ``scalerun launch
     --deepspeed-config`` named for every rank. Both, naming different files, is an error:
     which one would the run use?"""
-    from scalerun.plan.deepspeed import CONFIG_VARIABLE
 
-    launched = environ.get(CONFIG_VARIABLE) or None
+    launched = environ.get(variables.DEEPSPEED_CONFIG) or None
     if given is None or launched is None:
         return given if given is not None else launched
     if isinstance(given, Mapping) or Path(given).resolve() != Path(launched).resolve():
         shown = "a dict" if isinstance(given, Mapping) else str(given)
         raise ScalerunError(
             f"wrap(config={shown}) but the launch gave --deepspeed-config {launched} "
-            f"(${CONFIG_VARIABLE}); keep one of the two"
+            f"(${variables.DEEPSPEED_CONFIG}); keep one of the two"
         )
     return given
 

@@ -1,0 +1,93 @@
+"""Every name that the plan, the launchers and the ranks share: ``SCALERUN_*`` variables and
+run-directory file names.
+
+Why one module: a launcher writes these names (into a rank's environment, a job script,
+the run directory) and the runtime inside each rank reads them, often on another machine
+and sometimes from another scalerun version's job script. A name spelled twice drifts.
+Every other module imports its names from here; ``tests/test_architecture.py`` fails
+when a ``SCALERUN_`` string appears anywhere else.
+
+This module holds strings only. It imports nothing, so any layer may import it (the
+runtime included, which must never import ``launch/`` or ``commands/`` to borrow one).
+"""
+
+from __future__ import annotations
+
+# --- where a rank plans from ------------------------------------------------------------
+
+SITE = "SCALERUN_SITE"
+"""The site profile's name or path; job scripts export it so ranks plan with the launch's site."""
+SYSFS = "SCALERUN_SYSFS"
+"""The sysfs root to read the node from (``/`` in production, a fixture tree in tests)."""
+BACKEND = "SCALERUN_BACKEND"
+"""The process-group backend the launch asked for (``--backend``)."""
+BIND = "SCALERUN_BIND"
+"""``0`` keeps a rank from applying its CPU set (``init(bind=False)`` does the same)."""
+HYPERTHREADS = "SCALERUN_HYPERTHREADS"
+"""``1``: ranks also get the sibling hardware threads of their cores (``--hyperthreads``)."""
+MEMBIND = "SCALERUN_MEMBIND"
+"""``1``/``0``: memory policy on/off (``--membind``/``--no-membind``); unset: the plan's rule."""
+NETCONF = "SCALERUN_NETCONF"
+"""``0`` keeps the plan's communication, thread and cache variables out of the rank."""
+MALLOC = "SCALERUN_MALLOC"
+"""``0`` keeps the plan's glibc malloc tunables out of CPU ranks."""
+VERBOSE = "SCALERUN_VERBOSE"
+"""``1``: every rank prints one placement line at start (``-v``)."""
+TIMEOUT = "SCALERUN_TIMEOUT"
+"""Seconds a collective may wait before it fails (``init(timeout=...)``)."""
+
+# --- what a rank does for the launch ----------------------------------------------------
+
+RUN_DIR = "SCALERUN_RUN_DIR"
+"""The run directory: step logs, monitor samples, profiles, stacks (set by every launcher)."""
+RUNS = "SCALERUN_RUNS"
+"""The folder default run directories go in (``runs`` in the current folder)."""
+HANG_TIMEOUT = "SCALERUN_HANG_TIMEOUT"
+"""Seconds without progress before a rank writes its stacks and ends (0: never)."""
+CHECKPOINT = "SCALERUN_CHECKPOINT"
+"""Where ranks save when warned or terminated, and resume from (``--checkpoint``)."""
+DEEPSPEED_CONFIG = "SCALERUN_DEEPSPEED_CONFIG"
+"""The run's DeepSpeed config file (``--deepspeed-config``), for ``wrap`` and the doctor."""
+MAX_STEPS = "SCALERUN_MAX_STEPS"
+"""End the run cleanly after this many optimizer steps (``scalerun scaling --steps``)."""
+PROFILE_RANKS = "SCALERUN_PROFILE_RANKS"
+"""The ranks ``--profile-ranks`` chose: ``0,5`` or ``first-per-node``."""
+PROFILER = "SCALERUN_PROFILER"
+"""``torch`` (inside the rank) or a command prefix such as ``nsys profile``."""
+PROFILE_SCHEDULE = "SCALERUN_PROFILE_SCHEDULE"
+"""torch.profiler's wait, warm-up and active steps, ``2,1,3``."""
+TENSORBOARD = "SCALERUN_TENSORBOARD"
+"""``rank0`` or ``all``: which ranks also write TensorBoard events."""
+MONITOR = "SCALERUN_MONITOR"
+"""``0`` turns the node sampler off (``--no-monitor``)."""
+MONITOR_INTERVAL = "SCALERUN_MONITOR_INTERVAL"
+"""Seconds between node samples."""
+
+ALL = (
+    SITE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
+    RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
+    PROFILER, PROFILE_SCHEDULE, TENSORBOARD, MONITOR, MONITOR_INTERVAL,
+)
+"""Every variable above, for ``scalerun env`` and the tests."""
+
+# --- the run directory (paths are built by :mod:`scalerun.rundir`) -----------------------
+
+STEPS_DIR = "steps"
+"""``RUN_DIR/steps/rank-<R>.jsonl``: the step log of rank R."""
+MONITOR_DIR = "monitor"
+"""``RUN_DIR/monitor/<node>.jsonl`` (samples) and ``<node>.ranks`` (the node's rank pids)."""
+PROFILE_DIR = "profile"
+"""``RUN_DIR/profile/rank-<R>/``: traces of a profiled rank."""
+TENSORBOARD_DIR = "tensorboard"
+"""``RUN_DIR/tensorboard/``: TensorBoard event files."""
+STACKS_DIR = "stacks"
+"""``RUN_DIR/stacks/rank-<R>.txt``: Python stacks written when a hang is detected."""
+LOGS_DIR = "logs"
+"""``RUN_DIR/logs/``: library debug logs (``--debug``)."""
+RUN_FILE = "run.json"
+"""What was launched: command, sizes, start time (secrets masked)."""
+JOB_SCRIPT_FILE = "job.sbatch"
+"""The job script of a SLURM launch."""
+STOPPED_FILE = "stopped-on-signal"
+"""Rank 0 writes its checkpoint's path here after the ranks stopped on a signal; the job
+script requeues (or ends cleanly) on it."""
