@@ -224,12 +224,12 @@ def test_sites_command_reports_a_broken_profile_in_one_line(capsys, tmp_path, mo
 def test_lumi_g_jobs_build_with_the_courses_compiler(tmp_path):
     """The profile's ``CXX`` reaches the job script, and a job run by bash exports it unless
     the submitting shell chose another compiler (DeepSpeed's JIT builds read it)."""
-    from scalerun.launch.slurm import render_sbatch
-    from scalerun.plan.job import LaunchRequest, plan_job
+    from scalerun.launch.slurm.render import render_sbatch
+    from tests.launch.requests import request, slurm_job
 
-    request = LaunchRequest(script="train.py", run_dir=tmp_path, site="lumi-g", nodes=2,
-                            account="project_1", check=False)
-    text = render_sbatch(plan_job(request, load_site("lumi-g"), host_python="python"))
+    given = request(script="train.py", run_dir=tmp_path, site="lumi-g", nodes=2,
+                    account="project_1", check=False)
+    text = render_sbatch(slurm_job(given, load_site("lumi-g")))
     line = next(line for line in text.splitlines() if "CXX" in line)
     def exported(environ: dict[str, str]) -> str:
         return subprocess.run(["bash", "-c", f"{line}\nprintf %s \"$CXX\""], env=environ,

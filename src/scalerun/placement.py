@@ -169,6 +169,24 @@ def master_port_for_job(job_id: str) -> int:
     return low + int.from_bytes(digest[:4], "big") % (high - low)
 
 
+def job_rendezvous(environ: Mapping[str, str]) -> str:
+    """``host:port`` of rank 0 for a whole job: the first node and a port fixed by the job id.
+
+    Used in a batch script (outside any srun step, where :func:`detect` rightly sees no
+    ranks) for torchrun's ``--rdzv-endpoint``; MASTER_ADDR/MASTER_PORT set by the user win.
+    """
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    job_id = environ.get("SLURM_JOB_ID")
+    if not nodelist or not job_id:
+        raise PlacementError(
+            "SLURM_JOB_NODELIST and SLURM_JOB_ID are not set: --rendezvous works only inside a "
+            "SLURM job (a batch script or salloc shell)"
+        )
+    host = environ.get("MASTER_ADDR") or expand_hosts(nodelist)[0]
+    port = environ.get("MASTER_PORT") or str(master_port_for_job(job_id))
+    return f"{host}:{port}"
+
+
 # ---------------------------------------------------------------------------
 # Host lists
 # ---------------------------------------------------------------------------

@@ -17,7 +17,9 @@ import pytest
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words, pick_runtime
-from scalerun.plan.job import Container, check_mount, container_activation
+from scalerun.plan.launch import ContainerEntry as Container
+from scalerun.plan.launch import container_activation
+from scalerun.plan.request import check_mount
 
 REPO = Path(__file__).resolve().parents[2]
 

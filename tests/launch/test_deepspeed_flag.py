@@ -18,6 +18,7 @@ from scalerun.errors import LaunchError, ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.deepspeed import named_config, rank_env, script_arguments
 from scalerun.runtime.strategies.deepspeed_config import config_source
+from tests.launch.requests import local_job_from_args
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = str(REPO / "tests/fixtures/slurm/probe.py")
@@ -70,9 +71,9 @@ def test_a_local_launch_passes_it_on(config) -> None:
     parser = argparse.ArgumentParser()
     launch.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["launch", "--nproc-per-node", "2", "--deepspeed-config", config, PROBE, "x"])
-    request = launch.request_from_args(args)
-    assert request.script_args == ("x", "--deepspeed", "--deepspeed_config", config)
-    assert request.env[variables.DEEPSPEED_CONFIG] == config
+    job = local_job_from_args(args)
+    assert job.plan.program.args == ("x", "--deepspeed", "--deepspeed_config", config)
+    assert {v.name: v.value for v in job.env}[variables.DEEPSPEED_CONFIG] == config
 
 
 @pytest.mark.parametrize(("text", "error"), [

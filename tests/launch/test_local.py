@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import LocalLaunch, torchrun_argv
+from tests.launch.requests import local_job
 
 SCALERUN = [sys.executable, "-m", "scalerun"]
 
@@ -128,10 +128,10 @@ def test_bad_input_is_one_line_without_traceback(tmp_path: Path, argv: list[str]
 def test_request_maps_to_torchrun_flags(tmp_path: Path) -> None:
     script = tmp_path / "t.py"
     script.write_text("import scalerun\n")
-    request = LocalLaunch(script=str(script), script_args=("--x", "1"), nproc_per_node=4,
-                          nnodes=2, node_rank=1, master_addr="n1", master_port=29400,
-                          ranks_filter=(0,))
-    assert torchrun_argv(request) == [
+    job = local_job(script=str(script), script_args=("--x", "1"), nproc_per_node=4,
+                    nnodes=2, node_rank=1, master_addr="n1", master_port=29400,
+                    ranks_filter=(0,))
+    assert list(job.argv) == [
         "--nproc-per-node=4", "--max-restarts=0", "--nnodes=2", "--node-rank=1",
         "--master-addr=n1", "--master-port=29400", "--tee=3", "--local-ranks-filter=0",
         str(script), "--x", "1",
@@ -195,7 +195,7 @@ def test_a_script_that_does_not_call_init_starts_through_scalerun_exec(tmp_path:
     """torchrun, Accelerate, Lightning and HF scripts get the rank's binding and variables."""
     plain = tmp_path / "plain.py"
     plain.write_text("import torch.distributed as dist\n")
-    argv = torchrun_argv(LocalLaunch(script=str(plain), script_args=("--x",), nproc_per_node=2))
+    argv = list(local_job(script=str(plain), script_args=("--x",), nproc_per_node=2).argv)
     assert argv[argv.index("--no-python"):] == [
         "--no-python", sys.executable, "-m", "scalerun", "exec", "--bind", "--", sys.executable,
         "-u", str(plain), "--x"]
@@ -216,7 +216,7 @@ def test_a_script_that_does_not_call_init_starts_through_scalerun_exec(tmp_path:
 
 def test_invalid_requests_raise_launch_error(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="--master-port 70000"):
-        LocalLaunch(script="-", module=True, master_port=70000)
+        local_job(script="-", entry="module", master_port=70000)
 
 
 def test_verbose_lines_and_run_json_mask_secrets(tmp_path: Path) -> None:

@@ -15,17 +15,20 @@ from pathlib import Path
 import pytest
 
 from scalerun.errors import LaunchError
-from scalerun.launch.slurm import IGNORE_WARNING, render_sbatch, srun_command
-from scalerun.plan.job import LaunchRequest, plan_job, preemption
+from scalerun.launch.slurm.job import preemption
+from scalerun.launch.slurm.render import IGNORE_WARNING, render_sbatch, srun_command
+from scalerun.plan.request import LaunchRequest
 from scalerun.sites.profile import SiteProfile, SlurmDefaults
+from tests.launch.requests import plan, slurm_job
+from tests.launch.requests import request as make_request
 
 SIGNAL = "#SBATCH --signal=B:USR1@{}"
 REQUEUE = ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
 
 
 def request(tmp: Path, **given) -> LaunchRequest:
-    return LaunchRequest(script="train.py", run_dir=tmp, site="t", nodes=1, cpu_bind="none",
-                         check=False, **given)
+    return make_request(script="train.py", run_dir=tmp, site="t", nodes=1, cpu_bind="none",
+                        check=False, **given)
 
 
 def site(**slurm) -> SiteProfile:
@@ -47,9 +50,9 @@ def site(**slurm) -> SiteProfile:
     ],
 )
 def test_flag_over_site_over_default(tmp_path: Path, given: dict, site_slurm: dict, directives: list) -> None:
-    stop = preemption(request(tmp_path, **given), site(**site_slurm))
+    stop = preemption(plan(request(tmp_path, **given), site(**site_slurm)))
     assert (stop.directives() if stop else []) == directives
-    text = render_sbatch(plan_job(request(tmp_path, **given), site(**site_slurm), host_python="python"))
+    text = render_sbatch(slurm_job(request(tmp_path, **given), site(**site_slurm)))
     assert all(line in text for line in directives)
     assert ("trap forward_warning USR1" in text) == bool(directives)
 
@@ -67,12 +70,12 @@ def test_flag_over_site_over_default(tmp_path: Path, given: dict, site_slurm: di
 )
 def test_contradictions_are_one_line_errors(tmp_path: Path, given: dict, site_slurm: dict, said: str) -> None:
     with pytest.raises(LaunchError, match=said) as caught:
-        plan_job(request(tmp_path, **given), site(**site_slurm), host_python="python")
+        slurm_job(request(tmp_path, **given), site(**site_slurm))
     assert "\n" not in str(caught.value)
 
 
 def test_checkpoint_folder_reaches_every_rank(tmp_path: Path) -> None:
-    job = plan_job(request(tmp_path, checkpoint="/scratch/p/ck $x"), site(), host_python="python")
+    job = slurm_job(request(tmp_path, checkpoint="/scratch/p/ck $x"), site())
     assert ("SCALERUN_CHECKPOINT", "/scratch/p/ck $$x") in job.env  # literal: $ doubled
     line = next(line for line in render_sbatch(job).splitlines() if "SCALERUN_CHECKPOINT=" in line)
     shown = subprocess.run(["bash", "-c", f'{line}; printf %s "$SCALERUN_CHECKPOINT"'],
@@ -84,10 +87,10 @@ def test_each_task_starts_with_the_warning_ignored_until_a_rank_listens(tmp_path
     """srun hands the warning to every process of the step: torchrun's agent, loader
     workers and the sampler must not die of it (ignored dispositions survive exec)."""
     for mode in ("srun", "torchrun"):
-        words = srun_command(plan_job(request(tmp_path, mode=mode), site(), host_python="python"))
+        words = srun_command(slurm_job(request(tmp_path, mode=mode), site()))
         start = words.index(IGNORE_WARNING[0])
         assert tuple(words[start:start + 4]) == IGNORE_WARNING and words[start + 4] == "python"
-    words = srun_command(plan_job(request(tmp_path, no_signal=True), site(), host_python="python"))
+    words = srun_command(slurm_job(request(tmp_path, no_signal=True), site()))
     assert IGNORE_WARNING[0] not in words
     shown = subprocess.run(["bash", "-c", IGNORE_WARNING[2], IGNORE_WARNING[3], "bash", "-c",
                             "trap -p USR1"], capture_output=True, text=True, check=True)
@@ -113,7 +116,7 @@ def run_job(tmp: Path, *, warn: bool, end_code: str = "", **given) -> tuple[int,
     for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (tmp / name).write_text(body)
         (tmp / name).chmod(0o755)
-    job = plan_job(request(tmp / "run", **given), site(), host_python="python")
+    job = slurm_job(request(tmp / "run", **given), site())
     script = tmp / "job.sbatch"
     script.write_text(render_sbatch(job))
     env = {"PATH": f"{tmp}:/usr/bin:/bin", "SANDBOX": str(tmp), "SLURM_JOB_ID": "7",

@@ -15,14 +15,15 @@ from torch.distributed import TCPStore
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
-from scalerun.launch import rendezvous
-from scalerun.launch.local import LocalLaunch, choose_rendezvous, torchrun_argv
+from scalerun.launch.local import rendezvous
+from scalerun.launch.local.agent import choose_rendezvous
+from tests.launch.requests import local_job
 
 
 def chosen(tmp_path: Path, **request: object) -> tuple[str, str, bool]:
     script = tmp_path / "t.py"
     script.write_text("import scalerun\n")
-    args = torchrun.parse_args(torchrun_argv(LocalLaunch(script=str(script), **request)))
+    args = torchrun.parse_args(list(local_job(script=str(script), **request).argv))
     choose_rendezvous(args)
     return args.rdzv_backend, args.rdzv_endpoint, args.standalone
 

@@ -26,21 +26,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from scalerun.errors import LaunchError, ScalerunError
-from scalerun.launch.observe import Observe
-from scalerun.launch.slurm import (
+from scalerun.launch.slurm.job import MODES, Resources, SlurmJob
+from scalerun.launch.slurm.render import (
     render_sbatch,
     secret_handoff,
     srun_command,
 )
-from scalerun.plan.job import (
-    ENTRIES,
-    MODES,
-    LaunchRequest,
-    Resources,
-    SlurmJob,
-    parse_env_pairs,
-    plan_job,
-)
+from scalerun.plan.request import ENTRIES, LaunchRequest, parse_env_pairs
 from scalerun.redact import is_secret_name
 from scalerun.shell import TEMPLATE_REF, ShellRef, shell_template
 from scalerun.sites.profile import (
@@ -49,6 +41,8 @@ from scalerun.sites.profile import (
     SiteProfile,
     SlurmDefaults,
 )
+from tests.launch.requests import request as make_request
+from tests.launch.requests import slurm_job
 
 # Shell metacharacters, quotes, whitespace and control characters, Unicode (accents, CJK,
 # an emoji, a zero-width space). The only letters that can start a ${NAME} reference are
@@ -101,15 +95,15 @@ def launches(draw: st.DrawFn) -> tuple[LaunchRequest, SiteProfile]:
     env_items = [f"{name}={value}" for name, value in
                  zip(("V_1", "VQ", "HF_TOKEN", "V_1"), draw(st.lists(text, max_size=4)), strict=False)]
     run_dir = Path("/") / draw(word)
-    request = LaunchRequest(
-        script=draw(word), script_args=tuple(draw(st.lists(text, max_size=4))),
+    request = make_request(
+        script=draw(word), script_args=tuple(draw(st.lists(text, max_size=4))), calls_init=True,
         entry=draw(st.sampled_from(ENTRIES)), mode=draw(st.sampled_from(MODES)), run_dir=run_dir,
         site="prop", nodes=2, job_name="job", output="/runs/slurm-%j.out",
         check=False,  # the check step runs the doctor first: its own words are tested elsewhere
         env=parse_env_pairs(env_items, "--env"), modules=tuple(draw(st.lists(word, max_size=2))),
         cpu_bind=draw(word), container=draw(word) if container else None,
         container_mounts=tuple(draw(st.lists(mount, max_size=2))) if container else (),
-        container_runtime="singularity", observe_env=tuple(Observe(run_dir=run_dir).rank_env().items()),
+        container_runtime="singularity",
         command_line=("scalerun", *draw(st.lists(text, max_size=3))),
     )
     return request, site
@@ -154,7 +148,7 @@ def run_script(job: SlurmJob, folder: Path) -> tuple[list[str], list[str], dict[
 @given(launches())
 def test_every_word_and_variable_arrives_unchanged(case: tuple[LaunchRequest, SiteProfile]) -> None:
     request, site = case
-    job = plan_job(request, site, host_python="pyhost")
+    job = slurm_job(request, site, host_python="pyhost")
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         try:
@@ -166,11 +160,12 @@ def test_every_word_and_variable_arrives_unchanged(case: tuple[LaunchRequest, Si
         event("ran")
         assert argv == resolved(srun_command(job)[1:], {**env, "RDZV_ENDPOINT": "h:1"})
         assert not (folder / "pwned").exists()
-    args = list(request.script_args)
-    assert argv[len(argv) - len(args):] == args and request.script in argv
-    given = request.cpu_bind.split(",")
+    args = list(request.program.args)
+    assert argv[len(argv) - len(args):] == args and request.program.script in argv
+    cpu_bind = request.slurm.cpu_bind
+    given = cpu_bind.split(",")
     verbose = "" if {"v", "verbose"} & set(given) else "verbose,"  # always SLURM's report too
-    assert f"--cpu-bind={verbose}{request.cpu_bind}" in argv
+    assert f"--cpu-bind={verbose}{cpu_bind}" in argv
     assert all(f"{name}={value}" in argv for name, value in site.task_env.items())
     if job.container:
         start = argv.index("singularity") + 2
@@ -179,7 +174,7 @@ def test_every_word_and_variable_arrives_unchanged(case: tuple[LaunchRequest, Si
     names = [name for name, _ in (*job.site_env, *job.env)]
     seen = dict(zip(names, probed, strict=True))
     assert seen == expected_environment(job, env)
-    assert seen["SCALERUN_RUN_DIR"] == str(request.run_dir)  # a path, never a template
+    assert seen["SCALERUN_RUN_DIR"] == str(request.observe.run_dir)  # a path, never a template
     assert modules == [w for m in job.module_use for w in ("use", m)] + [
         w for m in job.modules for w in ("load", m)]
     header = render_sbatch(job).split("\n")[2]
@@ -213,10 +208,10 @@ def test_sbatch_values_are_read_back_or_refused(field: str, value: str) -> None:
     given_as = {"sbatch_arg": {"sbatch_args": (f"--comment={value}",)},
                 "run_dir": {"run_dir": Path("/") / value}}.get(field, {field: value})
     base = {"script": "t.py", "run_dir": Path("/runs"), "site": "prop", "nodes": 1}
-    request = LaunchRequest(**{**base, **given_as})
+    request = make_request(**{**base, **given_as})
     expected = run_dir_log(Path("/") / value) if field == "run_dir" else value
     try:
-        text = render_sbatch(plan_job(request, SiteProfile(name="prop"), host_python="python"))
+        text = render_sbatch(slurm_job(request, SiteProfile(name="prop")))
     except LaunchError as error:
         assert "\n" not in str(error) and "#SBATCH line cannot carry" in str(error)
         assert refused_by_sbatch(str(Path("/") / value) if field == "run_dir" else value)

@@ -16,18 +16,21 @@ import pytest
 
 from scalerun.cli import main
 from scalerun.commands.exec_ import srun_cpu_bind_here
-from scalerun.errors import LaunchError
-from scalerun.launch import slurm_cli
-from scalerun.launch.slurm import (
-    job_rendezvous,
+from scalerun.commands.launch_flags import wants_slurm
+from scalerun.errors import LaunchError, PlacementError
+from scalerun.launch.slurm.job import Resources, SlurmJob, parse_sbatch_arg, sbatch_value
+from scalerun.launch.slurm.render import (
     render_sbatch,
     secret_handoff,
     srun_command,
 )
-from scalerun.launch.slurm_submit import exit_code_of, failed_ranks
-from scalerun.plan.job import Container, Resources, SlurmJob, parse_sbatch_arg, sbatch_value
+from scalerun.launch.slurm.submit import exit_code_of, failed_ranks
+from scalerun.placement import job_rendezvous
+from scalerun.plan.launch import ContainerEntry as Container
 from scalerun.shell import ShellRef, expand_template, shell_quote, shell_template
 from tests.fixtures.make_sysfs import build_tree, load
+from tests.launch.requests import job_from_args
+from tests.launch.requests import parse_launch as parse_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -326,10 +329,7 @@ def test_torchrun_mode_refuses_several_tasks_per_node():
 
 
 def parse_launch(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    slurm_cli.add_arguments(parser)
-    slurm_cli.add_program_arguments(parser)
-    return parser.parse_args([*argv, str(REPO / "tests/fixtures/slurm/probe.py")])
+    return parse_cli(*argv, str(REPO / "tests/fixtures/slurm/probe.py"))
 
 
 PRECEDENCE = [
@@ -351,7 +351,7 @@ PRECEDENCE = [
 
 @pytest.mark.parametrize(("flags", "expected"), PRECEDENCE)
 def test_flags_win_over_the_site_profile(flags, expected, tmp_path):
-    job = slurm_cli.job_from_args(parse_launch(*flags), {}, tmp_path)
+    job = job_from_args(parse_launch(*flags), {}, tmp_path)
     res = job.resources
     assert (
         res.partition,
@@ -374,7 +374,7 @@ WANTS_SLURM = [
 
 @pytest.mark.parametrize(("flags", "expected"), WANTS_SLURM)
 def test_any_slurm_flag_makes_a_slurm_launch(flags, expected):
-    assert slurm_cli.wants_slurm(parse_launch(*flags)) is expected
+    assert wants_slurm(parse_launch(*flags)) is expected
 
 
 def test_dry_run_prints_the_script_without_submitting(capsys, tmp_path):
@@ -476,7 +476,7 @@ def test_rendezvous_keeps_the_users_master_and_needs_a_job():
         "MASTER_PORT": "2000",
     }
     assert job_rendezvous(env) == "n2:2000"
-    with pytest.raises(LaunchError, match="only inside a SLURM job"):
+    with pytest.raises(PlacementError, match="only inside a SLURM job"):  # placement decides it
         job_rendezvous({})
 
 
@@ -611,7 +611,7 @@ def test_exit_codes(slurm, code):
 )
 def test_ranks_decide_with_the_same_site(flags, environ, site, tmp_path):
     """The job exports SCALERUN_SITE so scalerun.init in every rank uses the launch's site."""
-    job = slurm_cli.job_from_args(parse_launch("--nodes", "2", *flags), environ, tmp_path)
+    job = job_from_args(parse_launch("--nodes", "2", *flags), environ, tmp_path)
     assert ("SCALERUN_SITE", site) in job.site_env
     assert f"export SCALERUN_SITE={site}" in render_sbatch(job)
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from scalerun.cli import build_parser
-from scalerun.launch.script_check import imports_scalerun
-from scalerun.launch.slurm import program_words
-from scalerun.launch.slurm_cli import request_from_args
-from scalerun.plan.job import LaunchRequest, plan_job
-from scalerun.sites.profile import SiteProfile
+from scalerun.commands.launch_flags import request_from_args
+from scalerun.commands.script_check import imports_scalerun
+from scalerun.launch.slurm.render import program_words
+from tests.launch.requests import request, slurm_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vit" / "train.py"
 EXEC_BIND = ["--no-python", "python", "-m", "scalerun", "exec", "--bind", "--"]
@@ -20,9 +19,8 @@ EXEC_BIND = ["--no-python", "python", "-m", "scalerun", "exec", "--bind", "--"]
 
 def job_words(tmp_path: Path, **given) -> list:
     given.setdefault("script", "train.py")
-    request = LaunchRequest(run_dir=tmp_path, site="t", nodes=2, check=False, mode="torchrun",
-                            **given)
-    return program_words(plan_job(request, SiteProfile(name="t"), host_python="python"))
+    return program_words(slurm_job(request(run_dir=tmp_path, site="t", nodes=2, check=False,
+                                           mode="torchrun", **given)))
 
 
 def test_a_program_without_init_starts_each_worker_through_exec_bind(tmp_path: Path) -> None:
@@ -74,4 +72,4 @@ def test_the_cli_reads_the_script(tmp_path: Path) -> None:
     plain.write_text("import torch\n")
     for script, calls_init in ((plain, False), (EXAMPLE, True)):
         args = build_parser().parse_args(["launch", "--nodes", "2", "--mode", "torchrun", str(script)])
-        assert request_from_args(args, {}, tmp_path).calls_init is calls_init
+        assert request_from_args(args, {}).program.calls_init is calls_init

@@ -18,13 +18,14 @@ import pytest
 from scalerun.cli import build_parser
 from scalerun.errors import LaunchError, ScalerunError, SiteError
 from scalerun.launch import hang as launch_hang
-from scalerun.launch import slurm_cli
-from scalerun.launch.slurm import program_words
-from scalerun.launch.tail import tail_whole_lines
+from scalerun.launch.local.job import rank_environment
+from scalerun.launch.local.tail import tail_whole_lines
+from scalerun.launch.slurm.render import program_words
 from scalerun.netconf.decide import RankFacts, decide_environment
 from scalerun.runtime import hang, stacks
 from scalerun.runtime.init import _timeout
-from scalerun.sites.profile import SiteProfile, build
+from scalerun.sites.profile import RuntimeDefaults, SiteProfile, build
+from tests.launch.requests import job_from_args, local_job
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = str(REPO / "tests" / "fixtures" / "slurm" / "probe.py")
@@ -100,17 +101,19 @@ def test_the_users_own_frame_is_named():
     (0.0, {}, 1800, {"SCALERUN_HANG_TIMEOUT": "0"}),  # off
 ])
 def test_local_precedence_flag_shell_site(flag, environ, site, expected):
-    assert launch_hang.local_rank_env(flag, site, environ) == expected
+    profile = SiteProfile(name="x", runtime=RuntimeDefaults(hang_timeout=site))
+    added = rank_environment(local_job(hang_timeout=flag, site=profile).env, environ)
+    assert {k: v for k, v in added.items() if k == "SCALERUN_HANG_TIMEOUT"} == expected
 
 
 def test_a_negative_flag_is_refused():
     with pytest.raises(LaunchError, match="--hang-timeout -1 must be 0"):
-        launch_hang.local_rank_env(-1.0, 1800, {})
+        local_job(hang_timeout=-1.0)
 
 
 def slurm_job(tmp_path: Path, *flags: str, site: str = "local"):
     args = build_parser().parse_args(["launch", "--site", site, "--nodes", "2", *flags, PROBE])
-    return slurm_cli.job_from_args(args, {}, tmp_path)
+    return job_from_args(args, {}, tmp_path)
 
 
 @pytest.mark.parametrize(("flags", "site", "exported", "kept"), [

@@ -34,7 +34,8 @@ RANK_MODULE = "scalerun.doctor.rank"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from scalerun.launch import observe, slurm_cli
+    from scalerun.commands import launch_flags
+    from scalerun.launch.backend import backend_named
 
     p = subparsers.add_parser(
         "doctor",
@@ -50,8 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     local = p.add_argument_group("local processes")
     local.add_argument("--nproc-per-node", type=int, metavar="N",
                        help="ranks on this machine (default 1); with SLURM flags: ranks per node")
-    slurm_cli.add_arguments(p)
-    observe.add_run_dir_argument(p)
+    launch_flags.add_slurm_arguments(p, modes=backend_named("slurm").modes)
+    launch_flags.add_run_dir_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -61,13 +62,13 @@ def way_in(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
     ``--site`` alone stays local: it also tells the checks which interfaces to expect.
     """
-    from scalerun.launch import slurm_cli
+    from scalerun.commands.launch_flags import SLURM_DESTS, given
     from scalerun.placement import launcher_name
 
     if launcher_name(environ) != "single":
         return "rank"
-    flags = [dest for dest in (*slurm_cli.SLURM_DESTS, "run_dir") if dest != "site"]
-    if any(slurm_cli.given(getattr(args, dest, None)) for dest in flags):
+    flags = [dest for dest in (*SLURM_DESTS, "run_dir") if dest != "site"]
+    if any(given(getattr(args, dest, None)) for dest in flags):
         return "slurm"
     return "local"
 
@@ -89,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_here(options: DoctorOptions, nproc: int) -> int:
     """N ranks on this machine; rank 0's report decides the exit code."""
+    from scalerun.commands import launch_flags
     from scalerun.doctor import rank
-    from scalerun.launch.local import LocalLaunch, run_local
+    from scalerun.launch.backend import backend_named
+    from scalerun.plan.request import LaunchRequest, LocalOptions, Program
+    from scalerun.sites import site_name
     from scalerun.topology import read_online_cpus
 
     read_online_cpus(options.sysfs)  # a wrong --sysfs is one line here, not an error per rank
@@ -99,21 +103,25 @@ def run_here(options: DoctorOptions, nproc: int) -> int:
     with tempfile.TemporaryDirectory(prefix="scalerun-doctor-") as folder:
         result = Path(folder) / "report.json"
         argv = to_argv(replace(options, expect_world=nproc, result_file=str(result)))
-        code = run_local(LocalLaunch(script=RANK_MODULE, script_args=tuple(argv), nproc_per_node=nproc,
-                                     standalone=True, module=True, prefix_output=False,
-                                     check_gpus=False))
+        request = LaunchRequest(
+            program=Program(script=RANK_MODULE, args=tuple(argv), entry="module"),
+            observe=None, site=site_name(None, os.environ), nproc_per_node=nproc,
+            local=LocalOptions(standalone=True, prefix_output=False, check_gpus=False))
+        code = launch_flags.carry_out(request, backend_named("local"), os.environ)
         if not result.is_file():
-            return code or 1  # the ranks did not get as far as a report; run_local said why
+            return code or 1  # the ranks did not get as far as a report; the launch said why
         return int(json.loads(result.read_text())["summary"]["exit_code"])
 
 
 def submit(args: argparse.Namespace, options: DoctorOptions) -> int:
-    """Hand the rank program to the SLURM launcher and follow the job: its exit code is ours."""
-    from scalerun.launch import slurm_cli
+    """Hand the rank program to the SLURM backend and follow the job: its exit code is ours."""
+    from scalerun.commands import launch_flags
+    from scalerun.launch.backend import backend_named
 
     args.script, args.module, args.no_python = RANK_MODULE, True, False
     args.script_args = to_argv(options)
     args.job_name = args.job_name or "scalerun-doctor"
     if not args.dry_run:
         args.wait = True
-    return slurm_cli.run(args)
+    request = launch_flags.request_from_args(args, os.environ, slurm=True)
+    return launch_flags.carry_out(request, backend_named("slurm"), os.environ)

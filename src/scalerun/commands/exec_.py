@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         print(value)
         return 0
     if args.rendezvous:
-        from scalerun.launch.slurm import job_rendezvous
+        from scalerun.placement import job_rendezvous
 
         print(job_rendezvous(os.environ))
         return 0

@@ -1,8 +1,8 @@
 """``scalerun jobscript``: write the sbatch script of a launch without submitting it.
 
 Why: on some sites jobs must be submitted by hand, reviewed, or kept with the results;
-the script is the same text ``scalerun launch`` would submit (one renderer), written to
-the run directory, or to ``--out`` (``-`` for stdout).
+the script is the same text ``scalerun launch`` would submit (the same request, plan and
+renderer), written to the run directory, or to ``--out`` (``-`` for stdout).
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import os
 import sys
 from pathlib import Path
 
+from scalerun.commands import launch_flags as flags
 from scalerun.files import write_text_atomic
-from scalerun.launch import observe, slurm_cli, slurm_submit
-from scalerun.launch.slurm import render_sbatch
 
 NAME = "jobscript"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from scalerun.launch.backend import backend_named
+
     p = subparsers.add_parser(
         NAME,
         help="write the sbatch script for a SLURM launch, without submitting it",
@@ -30,22 +31,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="FILE",
         help="write the script here ('-' for stdout) instead of RUN_DIR/job.sbatch",
     )
-    slurm_cli.add_arguments(p)
-    observe.add_arguments(p)
-    slurm_cli.add_program_arguments(p)
+    flags.add_slurm_arguments(p, modes=backend_named("slurm").modes)
+    flags.add_observe_arguments(p)
+    flags.add_program_arguments(p, with_entry_flags=True)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = slurm_cli.default_run_dir(args)
-    text = render_sbatch(slurm_cli.job_from_args(args, os.environ, run_dir))
+    from scalerun.launch.backend import backend_named
+    from scalerun.launch.slurm.submit import write_script
+
+    request = flags.request_from_args(args, os.environ, slurm=True)
+    backend = backend_named("slurm")
+    text = backend.show(flags.job_of(request, backend))
     if args.out == "-":
         sys.stdout.write(text)
         return 0
     if args.out:
         path = write_text_atomic(Path(args.out), text, executable=True, what="--out")
     else:
-        path = slurm_submit.write_script(text, run_dir)
+        assert request.observe is not None  # request_from_args always gives a job one
+        path = write_script(text, request.observe.run_dir)
     print(f"scalerun jobscript: wrote {path}; submit with: sbatch {path}")
     return 0

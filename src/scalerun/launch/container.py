@@ -18,7 +18,8 @@ import shutil
 from collections.abc import Callable
 
 from scalerun.errors import LaunchError
-from scalerun.plan.job import RUNTIMES, Container
+from scalerun.plan.launch import ContainerEntry
+from scalerun.plan.request import CONTAINER_RUNTIMES
 
 
 def pick_runtime(
@@ -35,7 +36,7 @@ def pick_runtime(
     if requested:
         return requested
     preferred = [site_default] if site_default else []
-    for runtime in preferred + [r for r in RUNTIMES if r != site_default]:
+    for runtime in preferred + [r for r in CONTAINER_RUNTIMES if r != site_default]:
         if which(runtime):
             return runtime
     if site_default:
@@ -46,7 +47,7 @@ def pick_runtime(
     )
 
 
-def exec_words(container: Container) -> list[str]:
+def exec_words(container: ContainerEntry) -> list[str]:
     """``singularity exec -B SRC ... IMAGE``: put the rank's command after these words.
 
     With activation lines the command starts from a shell inside the image that ran them

@@ -1,13 +1,11 @@
-"""``--debug nccl|miopen|hip|all``: the libraries' own logs for every rank, and what they say.
+"""What the libraries' own logs of a finished run say (``--debug nccl|miopen|hip|all``).
 
 Why: the course's network questions ("is RCCL using the Slingshot plugin or falling back
 to sockets? which interface?") are answered by ``NCCL_DEBUG=INFO`` logs that users switch
 on by editing job scripts, then read by eye. Here one flag sets the variables in every
-rank (NCCL's log goes to a file per process under ``RUN_DIR/logs/``), and after the job
-the launcher reads those files with the same classifier the doctor uses and prints the
-findings in one block.
-
-Pure except :func:`findings`, which reads the log files.
+rank (:func:`scalerun.plan.launch.debug_pairs`: NCCL's log goes to a file per process
+under ``RUN_DIR/logs/``), and after the job the launcher reads those files with the same
+classifier the doctor uses and prints the findings in one block.
 """
 
 from __future__ import annotations
@@ -15,40 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from scalerun.errors import LaunchError
 from scalerun.rundir import LOGS
-
-KINDS = ("nccl", "miopen", "hip")
-NCCL_LOG_PATTERN = "nccl.%h.%p.log"
-"""NCCL fills in ``%h`` (host) and ``%p`` (pid): one file per rank, never shared."""
-
-
-def parse_kinds(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """``--debug nccl --debug hip`` or ``--debug all``/``nccl,hip`` -> the kinds, checked."""
-    kinds: list[str] = []
-    for value in values or ():
-        for part in value.split(","):
-            name = part.strip().lower()
-            if name == "all":
-                kinds += KINDS
-            elif name in KINDS:
-                kinds.append(name)
-            elif name:
-                raise LaunchError(f"--debug {part!r} is not one of {', '.join(KINDS)}, all")
-    return tuple(dict.fromkeys(kinds))
-
-
-def debug_env(kinds: tuple[str, ...], run_dir: Path) -> dict[str, str]:
-    """The variables each kind of log needs, in every rank."""
-    env: dict[str, str] = {}
-    if "nccl" in kinds:
-        env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                "NCCL_DEBUG_FILE": str(run_dir / LOGS / NCCL_LOG_PATTERN)}
-    if "miopen" in kinds:
-        env |= {"MIOPEN_ENABLE_LOGGING": "1", "MIOPEN_LOG_LEVEL": "5"}
-    if "hip" in kinds:
-        env |= {"AMD_LOG_LEVEL": "3"}
-    return env
 
 
 def findings(run_dir: Path) -> list[str]:

@@ -1,5 +1,5 @@
-"""The launch side of hang detection: the ``--hang-timeout`` flag, its precedence, and the
-message a launcher prints from the stack files the ranks left.
+"""The launch side of hang detection: the message a launcher prints from the stack files
+the ranks left.
 
 Why: when a job hangs, each rank's watchdog (:mod:`scalerun.runtime.hang`) writes its
 stacks to ``RUN_DIR/stacks/rank-<R>.txt`` and ends the rank. A launcher that then only
@@ -7,15 +7,12 @@ says "rank 1 failed with exit code 124" leaves the user to open N files; here th
 files' headers become one or two lines naming the ranks that were waiting in a
 collective and those that were not, which are usually the cause.
 
-Precedence of the timeout, for every launcher: ``--hang-timeout`` > the launching
-shell's ``SCALERUN_HANG_TIMEOUT`` > the site profile's ``[runtime] hang_timeout`` >
-30 minutes; 0 turns detection off. This module reads stack files and decides the
-message and the variable; it starts nothing and never writes.
+The timeout's precedence is the plan's (:mod:`scalerun.plan.launch`). This module reads
+stack files and decides the message; it starts nothing and never writes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -23,47 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerun.errors import LaunchError
-from scalerun.plan import variables
 from scalerun.rundir import STACKS
 from scalerun.runtime.stacks import HEADER_PREFIX
 from scalerun.topology.cpulist import format_cpulist
 
 FLAG = "--hang-timeout"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--hang-timeout`` (local and SLURM launches; it does not make a launch SLURM's)."""
-    group = parser.add_argument_group("hangs (local and SLURM launches)")
-    group.add_argument(
-        FLAG, type=float, metavar="S",
-        help="end the job when no rank makes progress for S seconds, after every rank wrote "
-        "its Python stacks to RUN_DIR/stacks/ (default: the site's [runtime] hang_timeout, "
-        "1800; 0: never)")
-
-
-def checked(seconds: float | None) -> float | None:
-    """The flag's value, refused in one line when it is no number of seconds >= 0."""
-    if seconds is not None and not seconds >= 0:
-        raise LaunchError(f"{FLAG} {seconds:g} must be 0 (never) or a number of seconds")
-    return seconds
-
-
-def variable(seconds: float) -> dict[str, str]:
-    return {variables.HANG_TIMEOUT: f"{seconds:g}"}
-
-
-def local_rank_env(flag: float | None, site_default: float, environ: Mapping[str, str]) -> dict[str, str]:
-    """What a local launch adds to its ranks' environment: the flag always; else the site's
-    default unless the launching shell already exports the variable."""
-    if checked(flag) is not None:
-        return variable(flag)
-    return {} if variables.HANG_TIMEOUT in environ else variable(site_default)
-
-
-# ---------------------------------------------------------------------------
-# Reading the stacks back
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Why: the LUMI course starts DeepSpeed scripts as ``ds_visualtransformer.py --dee
 --deepspeed_config ds_config.json``; those scripts read the two flags with
 ``deepspeed.add_config_arguments`` and give the parsed namespace to
 ``deepspeed.initialize(args=args)``. ``--deepspeed-config FILE``
-(:mod:`scalerun.launch.deepspeed_flag`) does what that pair does:
+(:mod:`scalerun.commands.launch_flags`) does what that pair does:
 
 - the script gets DeepSpeed's own ``--deepspeed --deepspeed_config FILE`` appended to its
   arguments, so course scripts run unchanged (nothing is appended when the arguments

@@ -5,7 +5,7 @@ Why: a launcher is only useful if it says how the job ended. ``sbatch`` returns 
 turns that into an exit code and one line naming the rank that failed and its node,
 read from srun's or torchrun's own report in the log.
 
-This module does the I/O around :mod:`scalerun.launch.slurm`: it writes the script,
+This module does the I/O around :mod:`scalerun.launch.slurm.render`: it writes the script,
 runs ``sbatch``/``scontrol``/``bash``, reads the log. It decides nothing about the job's
 content and never edits the script text.
 """
@@ -22,6 +22,9 @@ from pathlib import Path
 
 from scalerun.errors import LaunchError
 from scalerun.files import write_text_atomic
+from scalerun.launch.debug import findings
+from scalerun.launch.slurm.job import SlurmJob
+from scalerun.launch.slurm.render import check_secrets_exported, render_sbatch, secret_handoff
 from scalerun.plan import variables
 
 FINAL_STATES = {
@@ -207,3 +210,79 @@ def failure_lines(log_text: str, run_dir: Path, since: float | None = None) -> l
     from scalerun.launch.hang import hang_lines
 
     return hang_lines(run_dir, since) or [failure_summary(log_text)]
+
+
+# --- carrying a job out -----------------------------------------------------------------
+
+
+def run_job(job: SlurmJob, environ: Mapping[str, str], *, wait: bool) -> int:
+    """Write the job script, then run it in this allocation or submit it with sbatch.
+
+    Secrets are not in the script: they reach the job through sbatch's (or bash's)
+    environment (:func:`~scalerun.launch.slurm.render.secret_handoff`)."""
+    if job.run_dir is None:
+        raise LaunchError("a SLURM job needs a run directory for its script and log; give --run-dir")
+    run_dir = Path(job.run_dir)
+    text = render_sbatch(job)
+    handed = secret_handoff(job, environ)
+    script = write_script(text, run_dir)
+    if environ.get("SLURM_JOB_ID"):
+        return _run_inside(job, script, {**environ, **handed})
+    check_secrets_exported(job, handed, environ)
+    return _submit(job, script, {**environ, **handed}, wait=wait)
+
+
+def _summary(job: SlurmJob) -> str:
+    """The effective launch in one line, printed before anything starts."""
+    res = job.resources
+    return f"{res.nodes} node(s) x {job.nproc_per_node} rank(s), {job.mode} mode, site {job.site}"
+
+
+def _run_inside(job: SlurmJob, script: Path, env: Mapping[str, str]) -> int:
+    """Inside an allocation: the step starts now, from the same script sbatch would run."""
+    print(
+        f"scalerun launch: inside job {env['SLURM_JOB_ID']}: {_summary(job)}; running {script}",
+        flush=True,
+    )
+    started = time.time()
+    code, stderr = run_in_allocation(script, env)
+    for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
+        print(f"scalerun launch: {line}", flush=True)
+    if code:
+        why, *more = failure_lines(stderr, script.parent, started)
+        print(f"scalerun launch: step failed (exit code {code}): {why}", file=sys.stderr)
+        for line in more:
+            print(f"scalerun launch: {line}", file=sys.stderr)
+    return code
+
+
+def _log_path(pattern: str, job_id: str, job_name: str) -> Path:
+    return Path(pattern.replace("%j", job_id).replace("%x", job_name).replace("%%", "%"))
+
+
+def _submit(job: SlurmJob, script: Path, env: Mapping[str, str], wait: bool) -> int:
+    """Submit; with ``wait``, follow the job and return its exit code, naming failed ranks."""
+    res = job.resources
+    submitted = time.time()
+    job_id = submit(script, env)
+    log = _log_path(res.output or "", job_id, res.job_name)
+    print(
+        f"scalerun launch: submitted job {job_id}: {_summary(job)}; script {script}; log {log}",
+        flush=True,
+    )
+    if not wait:
+        return 0
+    end = follow(job_id, log, env)
+    for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
+        print(f"scalerun launch: {line}", flush=True)
+    if end.state != "COMPLETED":
+        logs = [log] + ([_log_path(res.error, job_id, res.job_name)] if res.error else [])
+        text = "".join(path.read_text(errors="replace") for path in logs if path.is_file())
+        why, *more = failure_lines(text, script.parent, submitted)
+        print(
+            f"scalerun launch: job {job_id} {end.state} (exit code {end.exit_code}): {why}; log {log}",
+            file=sys.stderr,
+        )
+        for line in more:  # the hang's stack files
+            print(f"scalerun launch: {line}", file=sys.stderr)
+    return end.exit_code

@@ -1,10 +1,10 @@
-"""Whether a rank program sets itself up with ``scalerun.init()``, read from its source,
-and how each rank of one that does not is started instead.
+"""Whether a rank program sets itself up with ``scalerun.init()``, read from its source.
 
 Why: a program that never calls ``init()`` (a torchrun, Accelerate, Lightning or Hugging
 Face script, an executable) gets no binding and none of the plan's variables from itself,
-so the launchers start each of its ranks through ``scalerun exec --bind`` instead. Reading
-the source for an ``import scalerun`` line decides it without running the program.
+so the launchers start each of its ranks through ``scalerun exec --bind`` instead
+(:func:`scalerun.plan.launch.exec_bind_words`). Reading the source for an ``import
+scalerun`` line decides it at the edge, without running the program, before the plan.
 """
 
 from __future__ import annotations
@@ -37,15 +37,3 @@ def imports_scalerun(script: str, entry: str = "file") -> bool:
         return bool(SCALERUN_IMPORT.search(path.read_text(errors="replace")[:READ_LIMIT]))
     except OSError:
         return False
-
-
-def exec_bind_words(python: str, script: str, entry: str = "file") -> list[str]:
-    """``scalerun exec --bind -- PROGRAM`` for a program that does not call ``init()``:
-    ``PROGRAM`` is the script as ``python -u`` runs it (or the executable itself), and
-    ``exec`` gives the rank its cores, memory node and the plan's variables first. The
-    local launcher and SLURM's torchrun mode both start such ranks this way."""
-    if entry == "executable":
-        program = [script]
-    else:
-        program = [python, "-u", *(["-m"] if entry == "module" else []), script]
-    return [python, "-m", "scalerun", "exec", "--bind", "--", *program]

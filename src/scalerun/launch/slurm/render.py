@@ -2,14 +2,14 @@
 
 Why: users of the course material hand-write ``#SBATCH`` headers, escape
 ``\\$SLURM_PROCID`` inside ``bash -c``, guess ``MASTER_ADDR`` and wrap every line in
-``singularity exec``. Here the job is data (:class:`~scalerun.plan.job.SlurmJob`, from
-the plan) and one pure, deterministic function (:func:`render_sbatch`) writes the
+``singularity exec``. Here the job is data (:class:`~scalerun.launch.slurm.job.SlurmJob`,
+from the plan) and one pure, deterministic function (:func:`render_sbatch`) writes the
 script, so the same job always gives the same text and every rule is tested once.
 
 This module decides the order of the script's parts, the ``srun`` options of each mode,
 and how every word is quoted (:func:`shell_quote`, the only quoting helper). It never
 runs a process, reads the environment or touches a file; which values an ``#SBATCH``
-line may carry is :mod:`scalerun.plan.job`'s rule.
+line may carry is :mod:`scalerun.launch.slurm.job`'s rule; quoting is :mod:`scalerun.shell`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import replace
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
-from scalerun.launch.script_check import exec_bind_words
+from scalerun.launch.slurm.job import SlurmJob, parse_sbatch_arg
 from scalerun.plan import variables
-from scalerun.plan.job import SlurmJob, parse_sbatch_arg
+from scalerun.plan.launch import exec_bind_words
 from scalerun.redact import is_secret_name, redact_words
 from scalerun.shell import ShellRef, Word, expand_template, shell_quote, shell_template
 
@@ -191,13 +191,14 @@ def _environment(job: SlurmJob) -> str:
 def _container_modules(job: SlurmJob) -> list[str]:
     """The site's container modules, with the mounts written out as their fallback: the
     module knows what this system's images need; the list may be out of date."""
-    if not job.container or not job.container_modules:
+    box = job.container
+    if not box or not box.modules:
         return []
-    variable = f"{job.container.runtime.upper()}_BIND"
-    fallback = ",".join(job.fallback_mounts)
+    variable = f"{box.runtime.upper()}_BIND"
+    fallback = ",".join(box.fallback_mounts)
     lines = ["", "# --- container bindings: the site's module, else its mounts written out ---"]
-    lines += [f"module use {shell_quote(folder)}" for folder in job.container_module_use]
-    for module in job.container_modules:
+    lines += [f"module use {shell_quote(folder)}" for folder in box.module_use]
+    for module in box.modules:
         lines += [f"if ! module load {shell_quote(module)}; then",
                   f"    echo {shell_quote(f'scalerun: module {module} is missing: binding the site mounts instead')} >&2"]
         if fallback:
@@ -389,23 +390,3 @@ def _check_step(job: SlurmJob) -> list[str]:
         f"if (( check == {CHECK_UNAVAILABLE} )); then echo {skipped}; elif (( check )); then exit \"$check\"; fi",
         "",
     ]
-
-
-def job_rendezvous(environ: Mapping[str, str]) -> str:
-    """``host:port`` of rank 0 for a whole job: the first node and a port fixed by the job id.
-
-    Used in a batch script (outside any srun step, where ``placement.detect`` rightly sees
-    no ranks) for torchrun's ``--rdzv-endpoint``; MASTER_ADDR/MASTER_PORT set by the user win.
-    """
-    from scalerun.placement import expand_hosts, master_port_for_job
-
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    job_id = environ.get("SLURM_JOB_ID")
-    if not nodelist or not job_id:
-        raise LaunchError(
-            "SLURM_JOB_NODELIST and SLURM_JOB_ID are not set: --rendezvous works only inside a "
-            "SLURM job (a batch script or salloc shell)"
-        )
-    host = environ.get("MASTER_ADDR") or expand_hosts(nodelist)[0]
-    port = environ.get("MASTER_PORT") or str(master_port_for_job(job_id))
-    return f"{host}:{port}"

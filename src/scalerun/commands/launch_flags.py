@@ -1,0 +1,429 @@
+"""The launch flags, declared once, and the one function that turns them into a request.
+
+Why: ``scalerun launch``, ``scalerun jobscript`` and ``scalerun doctor`` (on SLURM) take the
+same flags, and each used to be declared beside the launcher that read it, so a flag's
+spelling, default and meaning lived in three layers. Here every flag is declared once, at
+the edge, and :func:`request_from_args` reads what this machine must tell (the script's
+source, the container runtime on PATH, the DeepSpeed config file, ``gpu``/``cpu`` process
+counts) and returns one launcher-neutral :class:`~scalerun.plan.request.LaunchRequest`.
+Which backend carries it out is the registry's question (:mod:`scalerun.launch.backend`).
+
+Precedence stays with the plan: a flag not given is None in the request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scalerun import profile, rundir
+from scalerun.errors import LaunchError, ScalerunError
+from scalerun.plan import variables
+from scalerun.plan.gpu import BACKENDS
+from scalerun.plan.request import (
+    ContainerRequest,
+    LaunchRequest,
+    LocalOptions,
+    ObserveRequest,
+    Program,
+    SlurmOptions,
+    parse_debug_kinds,
+    parse_env_pairs,
+)
+from scalerun.redact import redact_words, secret_values
+from scalerun.sites import add_site_argument, load_site, site_name
+
+# Flags whose presence means "this is a SLURM launch" (dest names). ``--mode`` and
+# ``--dry-run`` are not SLURM's alone: each backend owns its modes, and ``--dry-run`` shows
+# any backend's job (alone, it still shows the job script: see SlurmBackend.takes).
+SLURM_ONLY_DESTS = (
+    "nodes", "gpus_per_node", "site", "partition", "account", "time", "ntasks_per_node",
+    "cpus_per_task", "mem", "mem_per_gpu", "output", "error", "exclusive", "sbatch_arg",
+    "load_module", "setup", "container", "mount", "container_venv", "container_overlay",
+    "signal_before", "no_signal", "requeue", "container_runtime", "job_name", "wait",
+    "cpu_bind", "slurm_env",
+)
+SLURM_DESTS = (*SLURM_ONLY_DESTS, "mode", "dry_run")
+
+
+# ---------------------------------------------------------------------------
+# Declarations
+# ---------------------------------------------------------------------------
+
+
+def add_local_arguments(parser: argparse.ArgumentParser) -> None:
+    """torchrun's names for a launch on this machine's processes."""
+    local = parser.add_argument_group("local processes (torchrun-compatible names)")
+    local.add_argument("--nproc-per-node", default=None, metavar="N",
+                       help="processes per node: a number, or gpu/cpu/auto (default 1; on SLURM "
+                       "one per GPU)")
+    local.add_argument("--nnodes", type=int, default=1, help="nodes of a static multi-node job")
+    local.add_argument("--node-rank", type=int, default=0, help="this node's rank (0-based)")
+    local.add_argument("--master-addr", default=None, help="rendezvous host of node 0")
+    local.add_argument("--master-port", type=int, default=None, help="rendezvous port")
+    local.add_argument("--standalone", action="store_true",
+                       help="single node, free port found automatically")
+    local.add_argument("--local-ranks-filter", default="", metavar="RANKS",
+                       help="show output of these local ranks only, e.g. 0 or 0,3")
+    local.add_argument("--no-prefix", action="store_true",
+                       help="do not prefix output lines with [rankN]")
+    local.add_argument("--max-restarts", type=int, default=0,
+                       help="restart the whole group this many times after a failure")
+    local.add_argument("-m", "--module", action="store_true",
+                       help="SCRIPT is a module name, run like python -m")
+    local.add_argument("--no-python", action="store_true",
+                       help="SCRIPT is an executable, not a Python file")
+
+
+def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every scalerun rank of the launch does, whichever launcher starts it."""
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="process-group backend of scalerun ranks (default: nccl on GPUs, gloo "
+                        "on CPUs); gloo with more ranks than GPUs is a CPU-only run")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="each rank prints one placement report line at start")
+    parser.add_argument(
+        "--deepspeed-config", metavar="FILE", default=None,
+        help="DeepSpeed config (ds_config.json): checked now, passed to the script as "
+        "--deepspeed --deepspeed_config FILE (the course's form) and to scalerun.wrap / "
+        f"scalerun doctor as ${variables.DEEPSPEED_CONFIG}")
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> None:
+    """The SLURM flags (``launch``'s, ``jobscript``'s and ``doctor``'s), and the binding,
+    time-limit, hang and container flags that go with them."""
+    job = parser.add_argument_group("SLURM (any of these makes it a SLURM launch)")
+    job.add_argument("--nodes", type=int, help="nodes to run on")
+    job.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the site's)")
+    job.add_argument("--mode", choices=modes,
+                     help="srun: one task per GPU (default); torchrun: one per node; mpirun: "
+                     "Open MPI's mpirun on this machine")
+    add_site_argument(job)
+    job.add_argument("--partition", help="SLURM partition (default: the site's)")
+    job.add_argument("--account", help="billing account")
+    job.add_argument("--time", help="wall-time limit, e.g. 1:00:00")
+    job.add_argument("--ntasks-per-node", type=int, help="tasks per node (default: one per GPU)")
+    job.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: the site's per GPU)")
+    job.add_argument("--mem", help="memory per node, e.g. 480G")
+    job.add_argument("--mem-per-gpu", help="memory per GPU, e.g. 60G (default: the site's)")
+    job.add_argument("--output", help="stdout file (default RUN_DIR/slurm-%%j.out)")
+    job.add_argument("--error", help="stderr file (default: with stdout)")
+    job.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+    job.add_argument("--job-name", help="job name (default: the script's name)")
+    job.add_argument("--sbatch-arg", action="append", metavar="--OPT=VALUE",
+                     help="extra #SBATCH option, e.g. --sbatch-arg=--constraint=mi250 (repeatable)")
+    job.add_argument("--env", dest="slurm_env", action="append", metavar="NAME=VALUE",
+                     help="export in the job; ${VAR} expands in the job (repeatable)")
+    job.add_argument("--load-module", action="append", metavar="MODULE",
+                     help="module to load before the launch (repeatable)")
+    job.add_argument("--setup", action="append", metavar="SHELL",
+                     help="shell command to run before the launch (repeatable)")
+    job.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                     help="first check every rank (scalerun doctor --quick: placement, GPU, CPUs, "
+                     "network, one all-reduce); a FAIL ends the job before training (default: on)")
+    job.add_argument("--cpu-bind", help="srun --cpu-bind value, e.g. none (default: scalerun's plan)")
+    job.add_argument("--dry-run", action="store_true", default=None,
+                     help="print the job script, submit nothing")
+    job.add_argument("--wait", action="store_true", default=None,
+                     help="follow the job to its end and return its exit code")
+    add_binding_arguments(parser)
+    add_time_limit_arguments(parser)
+    add_hang_argument(parser)
+    add_container_arguments(parser)
+
+
+def add_binding_arguments(parser: argparse.ArgumentParser) -> None:
+    """Binding choices for every rank, local or on SLURM (they do not make a launch SLURM's)."""
+    bind = parser.add_argument_group("binding (local and SLURM launches)")
+    bind.add_argument(
+        "--hyperthreads", action="store_true", default=None,
+        help="ranks also get the sibling hardware threads of their cores (on SLURM: "
+        "#SBATCH --hint=multithread, CPUs per task counted in threads)")
+    bind.add_argument(
+        "--membind", action=argparse.BooleanOptionalAction, default=None,
+        help="each rank's memory prefers its CPUs' NUMA node (default: when those CPUs are on "
+        "one node of several); --no-membind: never")
+
+
+def add_time_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where checkpoints go (every launch), and what a SLURM job does before its time limit."""
+    end = parser.add_argument_group("checkpoints and the time limit")
+    end.add_argument(
+        "--checkpoint", metavar="DIR",
+        help=f"the run's checkpoint folder ({variables.CHECKPOINT} in every rank): ranks save "
+        "there when warned or terminated, and scripts resume from it with scalerun.checkpoint.load")
+    end.add_argument(
+        "--signal-before", type=int, metavar="S",
+        help="SLURM warns the job S seconds before its time limit; every rank finishes its step "
+        "and saves to --checkpoint (default: the site's, else 120)")
+    end.add_argument("--no-signal", action="store_true", default=None,
+                     help="no warning: the job ends at its time limit")
+    end.add_argument(
+        "--requeue", action=argparse.BooleanOptionalAction, default=None,
+        help="after the ranks saved on the warning, the job requeues itself and resumes "
+        "(default: the site's, else off: the job ends with exit code 0)")
+
+
+def add_hang_argument(parser: argparse.ArgumentParser) -> None:
+    """``--hang-timeout`` (local and SLURM launches; it does not make a launch SLURM's)."""
+    group = parser.add_argument_group("hangs (local and SLURM launches)")
+    group.add_argument(
+        "--hang-timeout", type=float, metavar="S",
+        help="end the job when no rank makes progress for S seconds, after every rank wrote "
+        "its Python stacks to RUN_DIR/stacks/ (default: the site's [runtime] hang_timeout, "
+        "1800; 0: never)")
+
+
+def add_container_arguments(parser: argparse.ArgumentParser) -> None:
+    box = parser.add_argument_group("containers")
+    box.add_argument("--container", metavar="IMAGE.sif",
+                     help="run every task in this Singularity/Apptainer image")
+    box.add_argument("--mount", action="append", metavar="SRC[:DST]",
+                     help="extra host path mounted into the container, singularity -B (repeatable)")
+    box.add_argument("--container-venv", metavar="PATH",
+                     help="a virtual environment inside the image, activated before the script")
+    box.add_argument("--container-overlay", metavar="FILE.sqsh",
+                     help="your software as a squashfs, mounted at /user-software (its bin on PATH)")
+    box.add_argument("--container-runtime", choices=("singularity", "apptainer"),
+                     help="default: whichever is on PATH, else the site's")
+
+
+def add_run_dir_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--run-dir", type=Path,
+                        help="where the step logs, monitor samples, profiles and job files go "
+                        f"(default runs/NAME-TIME, or ${variables.RUNS}/NAME-TIME)")
+
+
+def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that shape what a launch leaves in its run directory."""
+    group = parser.add_argument_group("observing the run")
+    add_run_dir_argument(group)
+    group.add_argument("--profile-ranks", metavar="RANKS",
+                       help=f"profile these ranks, e.g. 0,5 or {profile.FIRST_PER_NODE}")
+    group.add_argument("--profiler", default="torch", metavar="torch|CMD",
+                       help="torch (default: torch.profiler, a trace per rank) or a command "
+                       "prefix such as 'nsys profile' or 'rocprof --hip-trace --stats'")
+    group.add_argument("--tensorboard", nargs="?", const="rank0", choices=("rank0", "all"),
+                       help="also write TensorBoard events (rank 0's, or all ranks')")
+    group.add_argument("--debug", action="append", metavar="nccl|miopen|hip|all",
+                       help="switch on these libraries' logs in every rank (NCCL's go to "
+                       "RUN_DIR/logs/; what they say is printed after the job); repeatable")
+    group.add_argument("--no-monitor", action="store_true",
+                       help="do not sample GPUs and CPUs on each node")
+    group.add_argument("--monitor-interval", type=float, default=1.0, metavar="S",
+                       help="seconds between node samples (default 1)")
+
+
+def add_program_arguments(parser: argparse.ArgumentParser, *, with_entry_flags: bool) -> None:
+    """The script and its arguments (``-m``/``--no-python`` where the local group lacks them)."""
+    if with_entry_flags:
+        parser.add_argument("-m", "--module", action="store_true",
+                            help="SCRIPT is a module name, run like python -m")
+        parser.add_argument("--no-python", action="store_true",
+                            help="SCRIPT is an executable, not a Python file")
+    parser.add_argument("script", help="training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+# ---------------------------------------------------------------------------
+# Flags -> request
+# ---------------------------------------------------------------------------
+
+
+def wants_slurm(args: argparse.Namespace) -> bool:
+    """True when any SLURM flag was given (a mode or ``--dry-run`` included): the plain local
+    launch stays the default."""
+    return any(given(getattr(args, dest, None)) for dest in SLURM_DESTS)
+
+
+def given(value: object) -> bool:
+    """A flag the user gave: ``--nodes 0`` counts (and is refused later), unlike a default.
+    (``0 in (None, False)`` is True in Python, hence the identity tests.)"""
+    return value is not None and value is not False and value != []
+
+
+def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
+                      slurm: bool | None = None, observe: bool = True) -> LaunchRequest:
+    """The namespace as one request: what the user gave, None where they did not.
+
+    ``slurm``: force the SLURM options on (``jobscript``) or off; None: present when any
+    SLURM-only flag was given. ``observe``: give the launch a run directory (the doctor's
+    local ranks have none). ``--nproc-per-node gpu|cpu|auto`` is left None here: only a
+    backend that runs on this machine can count its GPUs (:func:`resolve_nproc_words`).
+    """
+    env = os.environ if environ is None else environ
+    on_slurm = any(given(getattr(args, d, None)) for d in SLURM_ONLY_DESTS) if slurm is None else slurm
+    program = program_from_args(args)
+    return LaunchRequest(
+        program=program,
+        observe=observe_from_args(args, program, on_slurm or wants_slurm(args)) if observe else None,
+        site=site_name(getattr(args, "site", None), env),
+        mode=getattr(args, "mode", None),
+        nodes=getattr(args, "nodes", None),
+        nproc_per_node=nproc_count(getattr(args, "nproc_per_node", None)),
+        gpus_per_node=getattr(args, "gpus_per_node", None),
+        backend=getattr(args, "backend", None),
+        verbose=bool(getattr(args, "verbose", False)),
+        hyperthreads=bool(getattr(args, "hyperthreads", None)),
+        membind=getattr(args, "membind", None),
+        hang_timeout=getattr(args, "hang_timeout", None),
+        checkpoint=_absolute(getattr(args, "checkpoint", None)),
+        deepspeed_config=resolve_deepspeed_config(getattr(args, "deepspeed_config", None)),
+        max_restarts=getattr(args, "max_restarts", 0) or 0,
+        env=parse_env_pairs(getattr(args, "slurm_env", None) or (), "--env"),
+        check=getattr(args, "check", None),
+        container=container_from_args(args, env),
+        dry_run=bool(getattr(args, "dry_run", None)),
+        local=local_options_from_args(args),
+        slurm=slurm_options_from_args(args) if on_slurm else None,
+        command_line=tuple(redact_words(["scalerun", *sys.argv[1:]], secret_values(env)))
+        if sys.argv else (),
+    )
+
+
+def program_from_args(args: argparse.Namespace) -> Program:
+    """The rank program; a Python file must exist here (the ranks start from this folder)."""
+    from scalerun.commands.script_check import imports_scalerun
+
+    entry = ("module" if getattr(args, "module", False)
+             else "executable" if getattr(args, "no_python", False) else "file")
+    if entry == "file" and not Path(args.script).is_file():
+        raise LaunchError(
+            f"script {args.script!r} not found; give the path of a Python file (or -m MODULE)")
+    return Program(script=args.script, args=tuple(args.script_args), entry=entry,
+                   calls_init=imports_scalerun(args.script, entry))
+
+
+NPROC_WORDS = ("gpu", "cpu", "auto")
+
+
+def nproc_count(value: str | None) -> int | None:
+    """``--nproc-per-node`` as a count; None when not given or one of torchrun's words."""
+    if value is None or str(value) in NPROC_WORDS:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise LaunchError(f"--nproc-per-node {value!r} is not a number or one of gpu, cpu, auto") from None
+
+
+def resolve_nproc_words(request: LaunchRequest, args: argparse.Namespace) -> LaunchRequest:
+    """``--nproc-per-node gpu|cpu|auto`` counted on this machine, as torchrun counts them, for
+    a backend that runs here (on SLURM the count follows the GPUs per node instead)."""
+    from dataclasses import replace
+
+    word = str(getattr(args, "nproc_per_node", None))
+    if word not in NPROC_WORDS:
+        return request
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        return replace(request, nproc_per_node=determine_local_world_size(word))
+    except ValueError as error:  # "gpu" on a machine without CUDA
+        raise LaunchError(f"--nproc-per-node {word}: {error} Give a number of processes, or cpu") from None
+
+
+def observe_from_args(args: argparse.Namespace, program: Program, on_slurm: bool) -> ObserveRequest:
+    """The run's observation flags; commands without them (doctor) get the defaults."""
+    given_dir = getattr(args, "run_dir", None)
+    if given_dir:
+        run_dir = given_dir.resolve()
+    else:
+        name = (getattr(args, "job_name", None) if on_slurm else None) or Path(program.script).stem
+        run_dir = rundir.default_run_dir(name or ("scalerun" if on_slurm else "run"))
+    return ObserveRequest(
+        run_dir=run_dir, profile_ranks=getattr(args, "profile_ranks", None),
+        profiler=getattr(args, "profiler", "torch"), tensorboard=getattr(args, "tensorboard", None),
+        monitor=not getattr(args, "no_monitor", False),
+        monitor_interval=getattr(args, "monitor_interval", 1.0),
+        debug=parse_debug_kinds(getattr(args, "debug", None)))
+
+
+def container_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ContainerRequest | None:
+    """The image, with its runtime: the flag, else one on PATH (the site's first), else the site's."""
+    image = getattr(args, "container", None)
+    if not image:
+        return None
+    from scalerun.launch.container import pick_runtime
+
+    site = load_site(site_name(getattr(args, "site", None), environ))
+    runtime = pick_runtime(getattr(args, "container_runtime", None), site.container.runtime)
+    return ContainerRequest(image=image, runtime=runtime, mounts=tuple(args.mount or ()),
+                            venv=args.container_venv, overlay=args.container_overlay)
+
+
+def local_options_from_args(args: argparse.Namespace) -> LocalOptions:
+    return LocalOptions(
+        nnodes=getattr(args, "nnodes", 1), node_rank=getattr(args, "node_rank", 0),
+        master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", None),
+        standalone=bool(getattr(args, "standalone", False)),
+        ranks_filter=_ranks(getattr(args, "local_ranks_filter", "")),
+        prefix_output=not getattr(args, "no_prefix", False))
+
+
+def _ranks(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise LaunchError(
+            f"--local-ranks-filter {value!r} is not a comma-separated list of ranks, e.g. 0,3") from None
+
+
+def slurm_options_from_args(args: argparse.Namespace) -> SlurmOptions:
+    return SlurmOptions(
+        partition=args.partition, account=args.account, time=args.time,
+        ntasks_per_node=args.ntasks_per_node, cpus_per_task=args.cpus_per_task, mem=args.mem,
+        mem_per_gpu=args.mem_per_gpu, output=args.output, error=args.error,
+        exclusive=args.exclusive, job_name=args.job_name,
+        sbatch_args=tuple(args.sbatch_arg or ()), modules=tuple(args.load_module or ()),
+        setup=tuple(args.setup or ()), cpu_bind=args.cpu_bind,
+        signal_before=getattr(args, "signal_before", None),
+        no_signal=bool(getattr(args, "no_signal", None)), requeue=getattr(args, "requeue", None),
+        wait=bool(getattr(args, "wait", None)))
+
+
+def _absolute(folder: str | None) -> str | None:
+    """A folder the ranks read, absolute: they may start in another folder or on another node."""
+    return str(Path(folder).resolve()) if folder else None
+
+
+def resolve_deepspeed_config(path: str | None) -> str | None:
+    """The config's absolute path, after reading it as DeepSpeed will (hjson: the course's
+    trailing commas are fine), so a broken file is one line now, not one traceback per
+    rank after the job waited in the queue."""
+    if not path:
+        return None
+    from scalerun.runtime.strategies.deepspeed_config import load_config
+
+    try:
+        load_config(path)
+    except ScalerunError as error:
+        raise LaunchError(f"--deepspeed-config: {error}") from None
+    return os.path.abspath(path)
+
+
+# ---------------------------------------------------------------------------
+# Request -> plan -> job -> shown or run
+# ---------------------------------------------------------------------------
+
+
+def job_of(request: LaunchRequest, backend: Any) -> Any:
+    """Plan ``request`` once, on its site, and let ``backend`` make its job of the plan."""
+    from scalerun.plan.launch import plan_launch
+
+    plan = plan_launch(request, load_site(request.site), host_python=sys.executable,
+                       allocates_nodes=backend.allocates_nodes)
+    return backend.make_job(plan)
+
+
+def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) -> int:
+    """The whole pipeline: plan, job, then ``--dry-run``'s text or the run's exit code."""
+    job = job_of(request, backend)
+    if request.dry_run:
+        sys.stdout.write(backend.show(job))
+        return 0
+    return backend.run(job, environ)

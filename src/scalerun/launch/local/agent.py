@@ -1,0 +1,209 @@
+"""Run a local job with torch elastic's agent: the ranks, their output, how they ended.
+
+Process management is torch's own (``torch.distributed.run`` / elastic agent): it
+restarts, stops the other ranks when one fails and tails their output. scalerun adds
+what users of the course otherwise do by hand: flags checked before anything starts
+(more ranks than GPUs under NCCL included), rank-prefixed output, and a final line that
+names the rank that failed and how. It sets no thread count: torchrun's blanket
+``OMP_NUM_THREADS=1`` is left out, and each rank's plan gives it one per core it owns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+from scalerun.errors import LaunchError
+from scalerun.launch.local import tail
+from scalerun.launch.local.job import LocalJob, rank_environment
+from scalerun.launch.observe import prepare_run_dir, start_sampler, stop_sampler
+from scalerun.redact import redact_words, secret_values
+
+
+def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) -> int:
+    """Run the ranks to completion; returns 0, or the failed rank's exit code.
+
+    The agent's environment (``os.environ`` unless given) gets the plan's variables first:
+    torch elastic hands its own environment to every rank it starts."""
+    env = os.environ if environ is None else environ
+    if job.check_gpus:
+        check_ranks_fit_gpus(job, env)
+    env.update(rank_environment(job.env, env))
+    if job.observe is not None:
+        return _observed(job)
+    code, failure = _run(job)
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+    return code
+
+
+def _observed(job: LocalJob) -> int:
+    """The launch with its run directory, node sampler and closing summary."""
+    observe, plan = job.observe, job.plan
+    assert observe is not None
+    prepare_run_dir(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
+                              "nnodes": plan.nodes, "script": plan.program.script,
+                              "script_args": list(plan.program.args)})
+    print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
+    sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
+    code, failure, start = 1, None, time.time()
+    try:
+        code, failure = _run(job)
+    finally:
+        stop_sampler(sampler)
+        for line in closing_summary(observe.run_dir):
+            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
+            print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
+    """The closing error: when the ranks' hang watchdogs ended the run, the two lines of
+    the hang (which ranks waited in a collective, which did not, where the stacks are)
+    instead of "rank R failed with exit code 124"; else the failed ranks."""
+    from scalerun.launch.hang import hang_lines
+    from scalerun.runtime.hang import HANG_EXIT_CODE
+
+    ended_by_watchdog = code == HANG_EXIT_CODE or f"exit code {HANG_EXIT_CODE}" in (failure or "")
+    hang = hang_lines(run_dir, since) if failure and ended_by_watchdog else []
+    if hang:
+        return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
+    return [failure] if failure else []
+
+
+def closing_summary(run_dir: Path) -> list[str]:
+    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
+    from scalerun.launch.debug import findings
+
+    try:
+        from scalerun.report import summary_lines
+    except ImportError:
+        return [*findings(run_dir), f"report: scalerun report {run_dir}"]
+    return [*summary_lines(run_dir), *findings(run_dir), f"report: scalerun report {run_dir}"]
+
+
+def _run(job: LocalJob) -> tuple[int, str | None]:
+    """Run torch elastic's agent: (exit code, the failure line or None)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if not job.verbose:
+        # elastic logs each stop and failure at length; scalerun prints one line instead
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    argv = list(job.argv)
+    args = torchrun.parse_args(argv)
+    tail.install()  # [rankN]: lines stay whole when ranks print at once
+    if job.verbose:
+        shown = redact_words(argv, secret_values(os.environ))
+        print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
+    try:
+        run_agent(args)
+    except ChildFailedError as error:
+        return exit_code_of(error.failures), failure_message(error.failures)
+    return 0, None
+
+
+def check_ranks_fit_gpus(job: LocalJob, environ: Mapping[str, str]) -> None:
+    """More ranks than this node's GPUs cannot form an NCCL group: one line, before any
+    process starts, from the same GPU count and rule the ranks' plans use."""
+    from scalerun.errors import TopologyError
+    from scalerun.plan.gpu import plan_gpu
+    from scalerun.this_rank import read_topology, sysfs_root
+
+    try:
+        gpus = read_topology(sysfs_root(None, environ)).gpus
+    except TopologyError:  # no readable /sys: each rank checks again with torch's count
+        return
+    verdict = plan_gpu(local_rank=0, local_world_size=job.nproc_per_node, gpus=gpus,
+                       environ=environ, backend=job.plan.request.backend)
+    if verdict.too_many_ranks:
+        raise LaunchError(verdict.error or "more ranks than GPUs")
+
+
+def choose_rendezvous(args: argparse.Namespace) -> None:
+    """Pick the rendezvous for torchrun's parsed arguments, in place: on one node without
+    restarts scalerun's loopback store (``launch/rendezvous.py``), with restarts torch's
+    c10d on a free port (what torchrun's ``--standalone`` does); anything else as given."""
+    import uuid
+
+    from torch.distributed import run as torchrun
+
+    one_node = args.rdzv_backend == "static" and not args.rdzv_endpoint and (
+        args.master_port is None and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if not (args.standalone or one_node):
+        return
+    args.rdzv_id = str(uuid.uuid4())
+    if args.max_restarts:
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        return
+    from scalerun.launch.local import rendezvous
+
+    rendezvous.register()
+    args.standalone = False  # torchrun would overwrite the backend with c10d
+    args.rdzv_backend, args.rdzv_endpoint = rendezvous.BACKEND, f"{rendezvous.LOOPBACK}:0"
+
+
+def run_agent(args: argparse.Namespace) -> None:
+    """torchrun's ``run``, without its ``OMP_NUM_THREADS=1`` for every rank: the ranks'
+    plans set one thread per core each rank owns (the user's own value still wins)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    choose_rendezvous(args)
+    if args.master_port is None:
+        args.master_port = 29500
+    placeholder = "OMP_NUM_THREADS" not in os.environ
+    if placeholder:  # torchrun sets (and logs) its default only where the variable is unset
+        os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        config, cmd, cmd_args = torchrun.config_from_args(args)
+    finally:
+        if placeholder:
+            del os.environ["OMP_NUM_THREADS"]
+    elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
+
+
+def describe_exit(exitcode: int) -> str:
+    """"exit code 3" or "signal SIGKILL" (elastic reports signals as negative codes)."""
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def root_failures(failures: dict) -> list[tuple[int, object]]:
+    """The failures that caused the stop, earliest first.
+
+    When one rank fails, elastic sends SIGTERM to the others and reports them as failed
+    too; those are consequences, so they are dropped unless nothing else failed.
+    """
+    ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    causes = [item for item in ordered if item[1].exitcode != -signal.SIGTERM]
+    return causes or ordered
+
+
+def failure_message(failures: dict) -> str:
+    """One line naming the rank(s) that failed and how."""
+    parts = [
+        f"rank {rank} (local rank {failure.local_rank} on {socket.gethostname()}, "
+        f"pid {failure.pid}) failed with "
+        f"{describe_exit(failure.exitcode)}"
+        for rank, failure in root_failures(failures)
+    ]
+    return "scalerun launch: error: " + "; ".join(parts) + "; the other ranks were stopped"
+
+
+def exit_code_of(failures: dict) -> int:
+    """The shell-style exit code of the first failure (128 + signal for signals)."""
+    code = root_failures(failures)[0][1].exitcode
+    return 128 + (-code) if code < 0 else (code or 1)

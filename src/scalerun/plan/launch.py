@@ -1,0 +1,312 @@
+"""One launch, planned once: :func:`plan_launch` turns a request into every rank's variables
+and command, for whichever backend carries it out.
+
+Why: a local launch and a SLURM job used to decide the hang timeout, the checkpoint
+folder, the binding choices, the run directory's variables, the DeepSpeed config and the
+container entry each on its own path, with different precedence and different policies
+for a value the user's shell already had. Now this module decides them, and a backend
+(:mod:`scalerun.launch`) only carries the plan out: the local backend puts the variables
+into the agent's environment, the SLURM backend writes them into the job script, in the
+same order, with the same policy.
+
+The rules decided here, once:
+
+- precedence: a flag always wins; a site default yields to a value the launching shell
+  (or the job's environment) already has (:attr:`RankVariable.keep_user`);
+- the hang timeout: ``--hang-timeout`` > the shell's ``SCALERUN_HANG_TIMEOUT`` > the site's
+  ``[runtime] hang_timeout``; 0 turns detection off;
+- GPUs and processes per node: ``--gpus-per-node`` > the site's (only where the backend
+  allocates the site's nodes) > none; one process per GPU, else ``--nproc-per-node``, else 1;
+- the program's arguments: DeepSpeed's ``--deepspeed --deepspeed_config FILE`` appended
+  once (:mod:`scalerun.plan.deepspeed`);
+- whether each rank starts through ``scalerun exec --bind`` (a program that does not call
+  ``scalerun.init()`` binds nothing itself);
+- the container entry: the site's runtime, activation and mounts, then the user's.
+
+What stays with a backend is only what no other backend has: ``#SBATCH`` resources and the
+time limit's warning (:mod:`scalerun.launch.slurm`), torchrun's rendezvous and output
+prefixes (:mod:`scalerun.launch.local`).
+
+Pure: the request, the site profile and the launching interpreter in, a
+:class:`LaunchPlan` out. No file, process or environment is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from scalerun.errors import LaunchError
+from scalerun.plan import deepspeed, variables
+from scalerun.plan.rank import binding_variables
+from scalerun.plan.request import (
+    CONTAINER_ENTRIES,
+    CONTAINER_RUNTIMES,
+    ContainerRequest,
+    LaunchRequest,
+    ObserveRequest,
+    Pairs,
+    Program,
+    check_mount,
+)
+from scalerun.sites.profile import SiteProfile
+
+OWN_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""With restarts, each attempt's rank 0 hosts its own store: workers sharing torchrun's
+rendezvous store read the previous attempt's addresses (torch issue 135712)."""
+NCCL_LOG_PATTERN = "nccl.%h.%p.log"
+"""NCCL fills in ``%h`` (host) and ``%p`` (pid): one log file per rank, never shared."""
+OVERLAY_TARGET = "/user-software"
+"""Where the course mounts a squashfs of the user's own software (``env.sqsh``)."""
+
+
+@dataclass(frozen=True)
+class RankVariable:
+    """One variable every rank gets, where it came from and whether the user's own wins."""
+
+    name: str
+    value: str
+    source: str
+    """The flag, site or rule that decided it, for ``--dry-run`` and ``-v`` output."""
+    keep_user: bool = False
+    """True: a value the launching environment already has is kept (a default);
+    False: this value replaces it (the user asked for it with a flag)."""
+    template: bool = False
+    """True: ``${VAR}`` in the value expands where the rank starts (site profile, ``--env``);
+    False: the value is literal, ``$`` included (scalerun's own paths and words)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerEntry:
+    """How every rank enters the image: ``RUNTIME ENTER -B MOUNT ... IMAGE [activation]``."""
+
+    image: str
+    runtime: str
+    mounts: tuple[str, ...] = ()
+    """``SRC[:DST[:OPTS]]`` bound into the container, in order (site's, then the user's)."""
+    enter: str = "exec"
+    """``exec`` (the command runs as given) or ``run`` (the image's runscript activates first)."""
+    activate: tuple[str, ...] = ()
+    """Shell lines run inside the image before the program (``$WITH_CONDA``, a venv)."""
+    python: str = "python"
+    """The interpreter inside the image."""
+    module_use: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    """Modules that bind what the site's images need (LUMI's singularity-AI-bindings)."""
+    fallback_mounts: tuple[str, ...] = ()
+    """Mounts bound instead when those modules cannot be loaded."""
+
+    def __post_init__(self) -> None:
+        if self.enter not in CONTAINER_ENTRIES:
+            raise LaunchError(f"container entry {self.enter!r} is not one of {', '.join(CONTAINER_ENTRIES)}")
+        if self.runtime not in CONTAINER_RUNTIMES:
+            raise LaunchError(
+                f"container runtime {self.runtime!r} is not one of {', '.join(CONTAINER_RUNTIMES)}; "
+                "pass --container-runtime singularity or apptainer")
+        if not self.image:
+            raise LaunchError("--container needs an image path, e.g. --container pytorch.sif")
+        for mount in self.mounts:
+            check_mount(mount)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything decided for a launch; backends read it and never decide these facts again."""
+
+    request: LaunchRequest
+    site: SiteProfile
+    nodes: int
+    gpus_per_node: int
+    procs_per_node: int
+    """Training processes per node (SLURM tasks in srun mode, torchrun workers otherwise)."""
+    program: Program
+    """The rank program, with the arguments DeepSpeed's config adds."""
+    env: tuple[RankVariable, ...]
+    """Every rank's variables, in the order they are applied."""
+    task_env: Pairs = ()
+    """The site's per-task templates (``${SLURM_NODEID}``), expanded in each SLURM task."""
+    exec_bind: bool = False
+    """Each training process starts through ``scalerun exec --bind``: the program does not
+    call ``scalerun.init()``, which would bind it and export the plan's variables."""
+    container: ContainerEntry | None = None
+    python: str
+    """The interpreter that runs the program: the image's inside a container, else the host's."""
+    host_python: str
+    """The interpreter with scalerun, outside any container (runs ``scalerun exec``)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def observe(self) -> ObserveRequest | None:
+        return self.request.observe
+
+    def variables(self) -> dict[str, str]:
+        """The variables by name, as planned (policies and templates not applied)."""
+        return {variable.name: variable.value for variable in self.env}
+
+
+def plan_launch(
+    request: LaunchRequest, site: SiteProfile, *, host_python: str, allocates_nodes: bool
+) -> LaunchPlan:
+    """Decide every rank's variables and command for ``request`` on ``site``.
+
+    ``allocates_nodes``: the backend asks the site for nodes (SLURM), so the site's GPUs per
+    node apply; a backend that runs on this machine (local, mpirun) uses the request's.
+    ``host_python``: the interpreter with scalerun that the launch runs under.
+    """
+    gpus = request.gpus_per_node
+    if gpus is None:
+        gpus = site.node.gpus if allocates_nodes else 0
+    container = container_entry(request.container, site)
+    program = replace(request.program,
+                      args=deepspeed.script_arguments(request.deepspeed_config, request.program.args))
+    return LaunchPlan(
+        request=request, site=site,
+        nodes=request.nodes or request.local.nnodes,
+        gpus_per_node=gpus,
+        procs_per_node=gpus or request.nproc_per_node or 1,
+        program=program,
+        env=rank_variables(request, site),
+        task_env=tuple(site.task_env.items()),
+        exec_bind=not request.program.calls_init,
+        container=container,
+        python=container.python if container else host_python,
+        host_python=host_python,
+    )
+
+
+def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVariable, ...]:
+    """Every rank's variables: scalerun's own first, then the user's ``--env`` (which may
+    replace any of them), then the site's defaults (kept where the environment has one)."""
+    own = [*_verbose(request), *_backend(request), *_binding(request),
+           *(observe_variables(request.observe) if request.observe else ()),
+           *_hang_flag(request), *_deepspeed(request), *_checkpoint(request)]
+    given = [RankVariable(name, value, "--env", template=True) for name, value in request.env]
+    defaults = [RankVariable(variables.SITE, request.site, "the launch's site", keep_user=True),
+                *_hang_default(request, site), *_restarts(request),
+                *(RankVariable(name, value, f"site {site.name}", keep_user=True, template=True)
+                  for name, value in site.env.items())]
+    return (*own, *given, *defaults)
+
+
+def _verbose(request: LaunchRequest) -> list[RankVariable]:
+    return [RankVariable(variables.VERBOSE, "1", "-v")] if request.verbose else []
+
+
+def _backend(request: LaunchRequest) -> list[RankVariable]:
+    return [RankVariable(variables.BACKEND, request.backend, "--backend")] if request.backend else []
+
+
+def _binding(request: LaunchRequest) -> list[RankVariable]:
+    """``--hyperthreads``/``--membind``: read by every rank's plan and the job's mask planning."""
+    return [RankVariable(name, value, "--hyperthreads/--membind")
+            for name, value in binding_variables(request.hyperthreads, request.membind).items()]
+
+
+def observe_variables(observe: ObserveRequest) -> list[RankVariable]:
+    """The run directory, profiling, TensorBoard, sampler and library-log variables."""
+    pairs = [(variables.RUN_DIR, str(observe.run_dir))]
+    if observe.profile_ranks:
+        pairs += [(variables.PROFILE_RANKS, observe.profile_ranks), (variables.PROFILER, observe.profiler)]
+    if observe.tensorboard:
+        pairs.append((variables.TENSORBOARD, observe.tensorboard))
+    pairs += [(variables.MONITOR, "1" if observe.monitor else "0"),
+              (variables.MONITOR_INTERVAL, f"{observe.monitor_interval:g}")]
+    pairs += debug_pairs(observe)
+    return [RankVariable(name, value, "the run's observation flags") for name, value in pairs]
+
+
+def debug_pairs(observe: ObserveRequest) -> list[tuple[str, str]]:
+    """``--debug``: the variables each library's log needs, in every rank (NCCL's log to a
+    file per process under ``RUN_DIR/logs/``)."""
+    pairs: list[tuple[str, str]] = []
+    if "nccl" in observe.debug:
+        pairs += [("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+                  ("NCCL_DEBUG_FILE", str(observe.run_dir / variables.LOGS_DIR / NCCL_LOG_PATTERN))]
+    if "miopen" in observe.debug:
+        pairs += [("MIOPEN_ENABLE_LOGGING", "1"), ("MIOPEN_LOG_LEVEL", "5")]
+    if "hip" in observe.debug:
+        pairs.append(("AMD_LOG_LEVEL", "3"))
+    return pairs
+
+
+def _hang_flag(request: LaunchRequest) -> list[RankVariable]:
+    if request.hang_timeout is None:
+        return []
+    return [RankVariable(variables.HANG_TIMEOUT, f"{request.hang_timeout:g}", "--hang-timeout")]
+
+
+def _hang_default(request: LaunchRequest, site: SiteProfile) -> list[RankVariable]:
+    """The site's hang timeout, unless the flag was given or the environment has one."""
+    if request.hang_timeout is not None:
+        return []
+    return [RankVariable(variables.HANG_TIMEOUT, f"{site.runtime.hang_timeout:g}",
+                         f"site {site.name} [runtime] hang_timeout", keep_user=True)]
+
+
+def _deepspeed(request: LaunchRequest) -> list[RankVariable]:
+    return [RankVariable(name, value, "--deepspeed-config")
+            for name, value in deepspeed.rank_env(request.deepspeed_config).items()]
+
+
+def _checkpoint(request: LaunchRequest) -> list[RankVariable]:
+    """Where every rank saves on a signal and resumes from."""
+    if not request.checkpoint:
+        return []
+    return [RankVariable(variables.CHECKPOINT, request.checkpoint, "--checkpoint")]
+
+
+def _restarts(request: LaunchRequest) -> list[RankVariable]:
+    if not request.max_restarts:
+        return []
+    return [RankVariable(OWN_STORE_VARIABLE, "1", "--max-restarts (torch issue 135712)", keep_user=True)]
+
+
+def exec_bind_words(python: str, script: str, entry: str = "file") -> list[str]:
+    """``scalerun exec --bind -- PROGRAM`` for a program that does not call ``init()``:
+    ``PROGRAM`` is the script as ``python -u`` runs it (or the executable itself), and
+    ``exec`` gives the rank its cores, memory node and the plan's variables first. The
+    local launcher and SLURM's torchrun mode both start such ranks this way."""
+    if entry == "executable":
+        program = [script]
+    else:
+        program = [python, "-u", *(["-m"] if entry == "module" else []), script]
+    return [python, "-m", "scalerun", "exec", "--bind", "--", *program]
+
+
+# ---------------------------------------------------------------------------
+# The container entry
+# ---------------------------------------------------------------------------
+
+
+def container_entry(request: ContainerRequest | None, site: SiteProfile) -> ContainerEntry | None:
+    """The site's entry (runtime's words, activation, mounts or bindings module), then the
+    user's software: an overlay's ``bin`` on PATH or a venv inside the image activated."""
+    if request is None:
+        return None
+    extra, activate = container_activation(site.container.activate, request.venv, request.overlay)
+    modules = site.container.modules.load
+    mounts = () if modules else site.container.mounts  # the module binds what the images need
+    return ContainerEntry(
+        image=request.image, runtime=request.runtime, mounts=mounts + extra + request.mounts,
+        enter=site.container.enter, activate=activate, python=site.container.python,
+        module_use=site.container.modules.use, modules=modules,
+        fallback_mounts=site.container.mounts if modules else ())
+
+
+def container_activation(site_lines: tuple[str, ...], venv: str | None,
+                         overlay: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(extra mounts, activation lines): the site's set-up line first, then the user's
+    software: an overlay's ``bin`` on PATH (``-B env.sqsh:/user-software:image-src=/``) or
+    a virtual environment inside the image activated."""
+    mounts: tuple[str, ...] = ()
+    lines = list(site_lines)
+    if overlay:
+        mounts = (f"{overlay}:{OVERLAY_TARGET}:image-src=/",)
+        lines.append(f'export PATH="{OVERLAY_TARGET}/bin:$PATH"')
+    if venv:
+        if any(c in venv for c in "\"\\$`\n"):
+            raise LaunchError(f"--container-venv {venv!r} holds a quote, $, ` or newline; give a plain path")
+        lines.append(f'source "{venv}/bin/activate"')
+    return mounts, tuple(lines)
