@@ -7,7 +7,7 @@
 # build takes ~12 minutes on 2 cores. The next install takes seconds.
 #
 # The build variables come from a site profile's [horovod] table, through
-# `python -m scalerun.sites.horovod_env SITE`: the default site, local, is the CPU build
+# `python -m scalerun.commands.horovod_env SITE`: the default site, local, is the CPU build
 # (gloo, no MPI); `--site lumi-g` is the course's ROCm build (HOROVOD_GPU=ROCM,
 # HOROVOD_GPU_OPERATIONS=NCCL, HOROVOD_ROCM_HOME, rccl_ROOT, HCC_AMDGPU_TARGET=gfx90a),
 # run inside LUMI's container where ROCM_PATH is set.
@@ -39,7 +39,7 @@ JOBS="${HOROVOD_BUILD_JOBS:-$(nproc)}"
 
 if [ "$PRINT_ENV" = 1 ]; then
     echo "# Horovod $VERSION build variables of site $SITE"
-    "$PY" -m scalerun.sites.horovod_env "$SITE"
+    "$PY" -m scalerun.commands.horovod_env "$SITE"
     exit 0
 fi
 
@@ -48,8 +48,8 @@ if "$PY" -c "import horovod.torch" 2>/dev/null; then
     exit 0
 fi
 
-BUILD_ENV="$("$PY" -m scalerun.sites.horovod_env "$SITE" --require-set)"
-TAG="$("$PY" -m scalerun.sites.horovod_env "$SITE" --tag)"
+BUILD_ENV="$("$PY" -m scalerun.commands.horovod_env "$SITE" --require-set)"
+TAG="$("$PY" -m scalerun.commands.horovod_env "$SITE" --tag)"
 # The wheel is tied to the torch it was compiled against (and to the site's GPU build):
 # key the cache by both; the CPU build keeps the plain torch key.
 TORCH="$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')"

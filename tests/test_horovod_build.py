@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.commands.horovod_env import main
 from scalerun.errors import SiteError
 from scalerun.sites import load_site
-from scalerun.sites.horovod_env import build_variables, cache_tag, main, render, unset_references
+from scalerun.sites.horovod_env import build_variables, cache_tag, render, unset_references
 from scalerun.sites.profile import HorovodBuild, build
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.doctor import rank as rank_module
+from scalerun.commands.doctor import options_from_args
+from scalerun.commands.rank_doctor import build_parser as rank_parser
 from scalerun.doctor.checks import (
     FAIL,
     PASS,
@@ -30,13 +31,7 @@ from scalerun.doctor.collectives import (
     sweep_sizes,
 )
 from scalerun.doctor.facts import cpu_layout, facts_from_dict, nccl_log_path
-from scalerun.doctor.options import (
-    DoctorError,
-    DoctorOptions,
-    options_from_args,
-    parse_size,
-    to_argv,
-)
+from scalerun.doctor.options import DoctorError, DoctorOptions, parse_size, to_argv
 from scalerun.doctor.report import Report, render_text, to_json
 from scalerun.topology import read_node, read_online_cpus
 from tests.doctor.factsets import lumi_job
@@ -93,7 +88,7 @@ def test_missing_ranks_are_read_from_gloo_messages(message, ranks) -> None:
                   probe_timeout_s=9, expect_world=16, json=True, result_file="/tmp/r.json"),
 ])
 def test_options_survive_the_trip_to_the_ranks(options) -> None:
-    parsed = options_from_args(rank_module.build_parser().parse_args(to_argv(options)))
+    parsed = options_from_args(rank_parser().parse_args(to_argv(options)))
     assert parsed == options
 
 

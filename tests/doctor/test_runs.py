@@ -143,7 +143,7 @@ def test_submitted_job_runs_the_rank_program_with_the_site(tmp_path: Path) -> No
     script = done.stdout
     assert "#SBATCH --nodes=2" in script and "--ntasks-per-node=8" in script  # one task per GCD
     launch = script[script.index("srun"):]
-    assert "-m scalerun.doctor.rank" in launch and "--site=lumi-g" in launch and "--max-bytes=8M" in launch
+    assert "-m scalerun.commands.rank_doctor" in launch and "--site=lumi-g" in launch and "--max-bytes=8M" in launch
 
 
 @pytest.mark.slurm

@@ -1,4 +1,5 @@
-"""``python -m scalerun.monitor.node``: flags, the command a launcher runs, a real run."""
+"""The node sampler (``python -m scalerun.commands.node_sampler``): flags, the command a
+launcher runs (``monitor.node.node_command``), a real run."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ from pathlib import Path
 import psutil
 import pytest
 
+from scalerun.commands.node_sampler import parse_args
 from scalerun.errors import ScalerunError
 from scalerun.monitor.host import RankProcess, record_rank
 from scalerun.monitor.node import (
     NodeConfig,
     node_command,
-    node_name,
-    parse_args,
     parse_pid,
     start_process,
     stop_process,
 )
 from scalerun.monitor.records import parse_monitor
+from scalerun.placement import node_name
 from scalerun.rundir import monitor_path, read_jsonl
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -71,7 +72,7 @@ def test_the_launcher_command_parses_back_to_what_was_asked(tmp_path: Path) -> N
         backend="rocm-smi",
         watch_pid=42,
     )
-    assert argv[:3] == [sys.executable, "-m", "scalerun.monitor.node"]
+    assert argv[:3] == [sys.executable, "-m", "scalerun.commands.node_sampler"]
     assert parse_args(argv[3:]) == wanted
 
 
@@ -104,7 +105,7 @@ def test_bad_values_are_explained(argv: list[str], message: str) -> None:
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "scalerun.monitor.node", *argv],
+        [sys.executable, "-m", "scalerun.commands.node_sampler", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -163,6 +164,7 @@ def test_it_stops_when_the_watched_process_is_gone(tmp_path: Path) -> None:
 def test_importing_the_sampler_loads_no_vendor_library_and_no_torch() -> None:
     code = (
         "import sys, scalerun.monitor, scalerun.monitor.node, scalerun.monitor.select\n"
+        "import scalerun.commands.node_sampler\n"
         "print(sorted({'torch', 'pynvml', 'amdsmi', 'numpy'} & set(sys.modules)))"
     )
     done = subprocess.run(

@@ -73,7 +73,7 @@ def test_one_overlapping_task_per_node_of_the_job(tmp_path: Path) -> None:
         "srun", "--overlap", "--jobid=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=nid[000001-000002]", "--job-name=scalerun-monitor"]
     assert argv[-3:-1] == ["sh", "-c"]
-    assert "/opt/py/bin/python3 -m scalerun.monitor.node --out" in argv[-1]
+    assert "/opt/py/bin/python3 -m scalerun.commands.node_sampler --out" in argv[-1]
     assert "--interval 0.5" in argv[-1]
 
 

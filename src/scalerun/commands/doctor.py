@@ -1,6 +1,7 @@
 """``scalerun doctor``: run the doctor's checks on every rank, wherever the ranks are.
 
-Three ways in, one rank program (:mod:`scalerun.doctor.rank`):
+Three ways in, one rank program (:mod:`scalerun.doctor.rank`, started as
+``python -m scalerun.commands.rank_doctor``):
 
 - under a launcher (``srun ... scalerun doctor``, torchrun): this process *is* a rank;
 - here (``scalerun doctor --nproc-per-node N``): N local ranks through the local launcher;
@@ -9,7 +10,8 @@ Three ways in, one rank program (:mod:`scalerun.doctor.rank`):
 - on SLURM (``scalerun doctor --nodes 2 --site lumi-g``): the SLURM launcher writes and
   submits the job (or runs it inside the current allocation) and follows it to its end.
 
-This module only picks the way in; it decides no check.
+This module picks the way in and declares the flags that shape the checks (for this
+command and for the rank entry point); it decides no check.
 """
 
 from __future__ import annotations
@@ -22,15 +24,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from scalerun.doctor.options import (
-    DoctorError,
-    DoctorOptions,
-    add_check_arguments,
-    options_from_args,
-    to_argv,
-)
+from scalerun.commands.flags import add_site_argument, add_sysfs_argument
+from scalerun.doctor.options import DoctorError, DoctorOptions, parse_size, to_argv
 
-RANK_MODULE = "scalerun.doctor.rank"
+RANK_MODULE = "scalerun.commands.rank_doctor"
+"""What every rank runs, locally and in a SLURM job (``python -m`` with :func:`to_argv`)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -55,6 +53,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     launch_flags.add_run_dir_argument(p)
     p.set_defaults(func=run)
     return p
+
+
+def add_check_arguments(parser: argparse.ArgumentParser, *, with_site: bool) -> None:
+    """The flags that shape the checks; ``scalerun doctor`` gets ``--site`` from SLURM's group."""
+    group = parser.add_argument_group("checks")
+    group.add_argument("--json", action="store_true", help="print the report as JSON")
+    group.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                       help="seconds the barrier and each collective may take (default 60)")
+    group.add_argument("--min-bytes", default="1K", help="smallest all-reduce of the sweep (default 1K)")
+    group.add_argument("--max-bytes", default="64M", help="largest all-reduce of the sweep (default 64M)")
+    group.add_argument("--iters", type=int, default=10, help="timed all-reduces per size (default 10)")
+    group.add_argument("--warmup", type=int, default=2, help="untimed all-reduces per size (default 2)")
+    group.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth sweep")
+    group.add_argument("--quick", action="store_true",
+                       help="the short check a job runs first: no sweep, no GPU smoke test, no bisection")
+    add_sysfs_argument(group)
+    group.add_argument("--bisect", action="store_true",
+                       help="probe pairs and halves of the nodes even if the collectives look healthy")
+    group.add_argument("--min-busbw", type=float, metavar="GB/S",
+                       help="busbw the largest all-reduce must reach; below it: FAIL and bisect")
+    group.add_argument("--probe-bytes", default="4M", help="all-reduce size of a bisection probe (default 4M)")
+    group.add_argument("--probe-timeout", type=float, default=30.0, metavar="S",
+                       help="seconds a bisection probe may take (default 30)")
+    if with_site:
+        add_site_argument(group)
+        group.add_argument("--expect-world", type=int, help="world size the launch asked for")
+        group.add_argument("--result-file", help="rank 0 writes the JSON report here; ranks exit 0")
+
+
+def options_from_args(args: argparse.Namespace) -> DoctorOptions:
+    """Flags -> options; shared by ``scalerun doctor`` and the rank entry point. The sysfs
+    root is resolved here, once, so every rank gets it spelled out in its argv."""
+    from scalerun.this_rank import sysfs_root
+
+    return DoctorOptions(
+        timeout_s=args.timeout,
+        min_bytes=parse_size(args.min_bytes),
+        max_bytes=parse_size(args.max_bytes),
+        iters=args.iters,
+        warmup=args.warmup,
+        bandwidth=not args.no_bandwidth and not args.quick,
+        quick=args.quick,
+        sysfs=sysfs_root(args.sysfs),
+        site=getattr(args, "site", None),
+        bisect=args.bisect,
+        min_busbw=args.min_busbw,
+        probe_bytes=parse_size(args.probe_bytes),
+        probe_timeout_s=args.probe_timeout,
+        expect_world=getattr(args, "expect_world", None),
+        json=args.json,
+        result_file=getattr(args, "result_file", None),
+    )
 
 
 def way_in(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
@@ -119,6 +169,7 @@ def submit(args: argparse.Namespace, options: DoctorOptions) -> int:
     from scalerun.launch.backend import backend_named
 
     args.script, args.module, args.no_python = RANK_MODULE, True, False
+    args.check = False  # the doctor is the check: no quick doctor in front of it
     args.script_args = to_argv(options)
     args.job_name = args.job_name or "scalerun-doctor"
     if not args.dry_run:

@@ -12,10 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from scalerun.commands.flags import add_site_argument, add_sysfs_argument
 from scalerun.netconf.settings import Setting
 from scalerun.plan.rank import RankPlan
 from scalerun.redact import is_secret_name, redact_quoted, redact_text, redact_value, secret_values
-from scalerun.sites import add_site_argument
 from scalerun.this_rank import plan_this_rank
 
 
@@ -30,8 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ),
     )
     add_site_argument(p)
-    p.add_argument("--sysfs", metavar="ROOT",
-                   help="read the node from this root (default $SCALERUN_SYSFS, else /)")
+    add_sysfs_argument(p)
     p.add_argument("--allowed-cpus", metavar="LIST", help="plan as if only these CPUs were allowed")
     p.add_argument("--explain", action="store_true", help="show where each value comes from")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scalerun.commands.flags import add_site_argument
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
-from scalerun.sites import add_site_argument, resolve_site
+from scalerun.sites import resolve_site
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

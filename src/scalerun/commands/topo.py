@@ -12,10 +12,10 @@ import argparse
 import json
 from typing import Any
 
+from scalerun.commands.flags import add_hyperthreads_argument, add_site_argument, add_sysfs_argument
 from scalerun.errors import TopologyError
 from scalerun.plan.binding import RankBinding, srun_cpu_bind, usable_cores
 from scalerun.plan.rank import NodePlan
-from scalerun.sites import add_site_argument
 from scalerun.this_rank import plan_this_node
 from scalerun.topology import Topology, amd, format_cpulist, gpu_numa, nearest_nic, nvidia
 from scalerun.topology.model import Gpu, GpuReport, Nic, nic_numa
@@ -61,12 +61,7 @@ def add_node_arguments(p: argparse.ArgumentParser, *, binds_this_process: bool =
         if binds_this_process
         else ("this process's affinity on /, all online CPUs under another --sysfs")
     )
-    p.add_argument(
-        "--sysfs",
-        metavar="ROOT",
-        help="sysfs root to read (default $SCALERUN_SYSFS, else /; a fixture folder plans "
-        "for another node)",
-    )
+    add_sysfs_argument(p)
     p.add_argument(
         "--allowed-cpus",
         metavar="LIST",
@@ -79,11 +74,7 @@ def add_node_arguments(p: argparse.ArgumentParser, *, binds_this_process: bool =
         "a node of the site's core count)",
     )
     add_site_argument(p)
-    p.add_argument(
-        "--hyperthreads",
-        action="store_true",
-        help="give ranks the sibling hardware threads of their cores too",
-    )
+    add_hyperthreads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

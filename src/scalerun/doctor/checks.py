@@ -22,6 +22,7 @@ from scalerun.doctor.bisect import Bisection
 from scalerun.doctor.collectives import AllreduceResult, BandwidthRow, BarrierResult
 from scalerun.doctor.facts import Facts
 from scalerun.netconf.interfaces import interface_kind
+from scalerun.plan import variables
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Nic
 
@@ -304,7 +305,7 @@ def check_cpu_binding(facts: Sequence[Facts]) -> list[Verdict]:
             out.append(_verdict(level, "cpu-binding", message, _bind_fix(bad), bad, (d for _, _, d in found)))
     if unbound:
         out.append(_verdict(WARN, "cpu-binding", "ranks are not bound: each may run on every CPU of its node",
-                            _bind_fix(unbound) + "; under torchrun scalerun.init binds (SCALERUN_BIND=1)",
+                            f"{_bind_fix(unbound)}; under torchrun scalerun.init binds ({variables.BIND}=1)",
                             unbound, (f"{h}: ranks {compact(f.rank for f in g)} on CPUs {g[0].cpulist}"
                                       for h, g in by_host(unbound).items())))
     return out or [passed("cpu-binding", "each rank has CPUs of its own")]
@@ -566,7 +567,7 @@ def _config_read_errors(nodes: Sequence[Facts]) -> list[Verdict]:
     if not bad:
         return []
     return [_verdict(WARN, "deepspeed-ops", "the run's DeepSpeed config cannot be read: its ops are not checked",
-                     "fix the file named by --deepspeed-config / $SCALERUN_DEEPSPEED_CONFIG", bad,
+                     f"fix the file named by --deepspeed-config / ${variables.DEEPSPEED_CONFIG}", bad,
                      (f"{f.host}: {f.deepspeed.error}" for f in bad if f.deepspeed))]
 
 

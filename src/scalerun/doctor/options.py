@@ -1,19 +1,19 @@
-"""What a doctor run checks and how hard: one options object, its flags, and its argv.
+"""What a doctor run checks and how hard: one options object and its argv.
 
 The same options travel three ways: parsed from ``scalerun doctor`` flags, forwarded as
-argv to every rank (``python -m scalerun.doctor.rank ...``, also inside a SLURM job), and
-parsed again there. Keeping the flag list, the dataclass and :func:`to_argv` side by side
-in one module is what keeps those three in step. Nothing here touches torch or the node.
+argv to every rank (``python -m scalerun.commands.rank_doctor ...``, also inside a SLURM
+job), and parsed again there. The flags are declared at the CLI's edge
+(:func:`scalerun.commands.doctor.add_check_arguments`); the dataclass and :func:`to_argv`
+stand here, and the round trip between them is tested. Nothing here touches torch or
+the node.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass
 
 from scalerun.errors import ScalerunError
-from scalerun.sites.choice import add_site_argument
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -95,56 +95,6 @@ def format_size(size: int) -> str:
         if size % SIZE_UNITS[unit] == 0:
             return f"{size // SIZE_UNITS[unit]}{unit}"
     return str(size)
-
-
-def add_check_arguments(parser: argparse.ArgumentParser, *, with_site: bool) -> None:
-    """The flags that shape the checks; ``scalerun doctor`` gets ``--site`` from SLURM's group."""
-    group = parser.add_argument_group("checks")
-    group.add_argument("--json", action="store_true", help="print the report as JSON")
-    group.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                       help="seconds the barrier and each collective may take (default 60)")
-    group.add_argument("--min-bytes", default="1K", help="smallest all-reduce of the sweep (default 1K)")
-    group.add_argument("--max-bytes", default="64M", help="largest all-reduce of the sweep (default 64M)")
-    group.add_argument("--iters", type=int, default=10, help="timed all-reduces per size (default 10)")
-    group.add_argument("--warmup", type=int, default=2, help="untimed all-reduces per size (default 2)")
-    group.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth sweep")
-    group.add_argument("--quick", action="store_true",
-                       help="the short check a job runs first: no sweep, no GPU smoke test, no bisection")
-    group.add_argument("--sysfs", default="/", metavar="ROOT",
-                       help="read the node from this sysfs tree (a fixture) instead of /")
-    group.add_argument("--bisect", action="store_true",
-                       help="probe pairs and halves of the nodes even if the collectives look healthy")
-    group.add_argument("--min-busbw", type=float, metavar="GB/S",
-                       help="busbw the largest all-reduce must reach; below it: FAIL and bisect")
-    group.add_argument("--probe-bytes", default="4M", help="all-reduce size of a bisection probe (default 4M)")
-    group.add_argument("--probe-timeout", type=float, default=30.0, metavar="S",
-                       help="seconds a bisection probe may take (default 30)")
-    if with_site:
-        add_site_argument(group)
-        group.add_argument("--expect-world", type=int, help="world size the launch asked for")
-        group.add_argument("--result-file", help="rank 0 writes the JSON report here; ranks exit 0")
-
-
-def options_from_args(args: argparse.Namespace) -> DoctorOptions:
-    """Flags -> options; shared by ``scalerun doctor`` and the rank entry point."""
-    return DoctorOptions(
-        timeout_s=args.timeout,
-        min_bytes=parse_size(args.min_bytes),
-        max_bytes=parse_size(args.max_bytes),
-        iters=args.iters,
-        warmup=args.warmup,
-        bandwidth=not args.no_bandwidth and not args.quick,
-        quick=args.quick,
-        sysfs=args.sysfs,
-        site=getattr(args, "site", None),
-        bisect=args.bisect,
-        min_busbw=args.min_busbw,
-        probe_bytes=parse_size(args.probe_bytes),
-        probe_timeout_s=args.probe_timeout,
-        expect_world=getattr(args, "expect_world", None),
-        json=args.json,
-        result_file=getattr(args, "result_file", None),
-    )
 
 
 def to_argv(options: DoctorOptions) -> list[str]:

@@ -1,4 +1,5 @@
-"""The doctor on one rank: ``python -m scalerun.doctor.rank [flags]``, under any launcher.
+"""The doctor on one rank, under any launcher (started as ``python -m
+scalerun.commands.rank_doctor [flags]``, which parses the flags and calls :func:`run`).
 
 Every rank runs the same steps, in the same order, because each step after ``init`` is a
 collective: join the job through ``scalerun.init`` (so binding and device choice are the
@@ -13,11 +14,9 @@ let it read which transport NCCL used, and says so in the report.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
-import sys
 import tempfile
 from collections.abc import MutableMapping
 from dataclasses import dataclass, replace
@@ -29,9 +28,8 @@ from scalerun.doctor.bisect import Bisection, find_bad_nodes
 from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, read_deepspeed
 from scalerun.doctor.facts import Facts, gather_facts, locate_gpu, nccl_log_path
 from scalerun.doctor.gpu import smoke_test
-from scalerun.doctor.options import DoctorOptions, add_check_arguments, options_from_args
+from scalerun.doctor.options import DoctorOptions
 from scalerun.doctor.report import Report, render_text, to_json
-from scalerun.errors import ScalerunError
 from scalerun.placement import node_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,24 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NCCL_LOG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 PROBE_ITERS = 5
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalerun.doctor.rank",
-        description="Run scalerun doctor's checks as one rank of a job (started by a launcher).",
-    )
-    add_check_arguments(parser, with_site=True)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run the doctor on this rank, return its exit code."""
-    try:
-        return run(options_from_args(build_parser().parse_args(argv)))
-    except ScalerunError as error:
-        print(f"scalerun doctor: rank on {node_name()}: error: {error}", file=sys.stderr, flush=True)
-        return 2
 
 
 def prepare_environment(environ: MutableMapping[str, str], gpu: bool) -> list[str]:
@@ -259,6 +239,3 @@ def _forget_nccl_log(notes: list[str]) -> None:
     if any(note.startswith("NCCL_DEBUG_FILE=") for note in notes):
         nccl_log_path(os.environ["NCCL_DEBUG_FILE"], socket.gethostname(), os.getpid()).unlink(missing_ok=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,24 +1,24 @@
-"""The node sampler as a process: ``python -m scalerun.monitor.node --out FILE [flags]``.
+"""The node sampler as a process: what it was asked (:class:`NodeConfig`), the command a
+launcher runs to start it (:func:`node_command`), and the sampling loop (:func:`run`).
 
 The launcher starts one beside local rank 0 of every node and stops it with the job
 (SIGTERM); the sampler then writes what it holds and exits 0. Running it as its own
 process keeps it off the training processes' interpreter and lets it outlive a crashed
-rank long enough to record the crash. Examples::
+rank long enough to record the crash. Its flags are parsed at the CLI's edge,
+``python -m scalerun.commands.node_sampler`` (:data:`SAMPLER_MODULE`)::
 
-    python -m scalerun.monitor.node --out runs/x/monitor/nid005001.jsonl --ranks-file F
-    python -m scalerun.monitor.node --out /tmp/m.jsonl --pid 0:0:4242 --pid 1:1:4243
+    python -m scalerun.commands.node_sampler --out runs/x/monitor/nid005001.jsonl --ranks-file F
+    python -m scalerun.commands.node_sampler --out /tmp/m.jsonl --pid 0:0:4242 --pid 1:1:4243
 
-This module decides the flags, the node name (SLURM's ``SLURMD_NODENAME``, since host
-names repeat in containers and test clusters; else the host name) and the command line
-a launcher runs (:func:`node_command`, so no launcher spells the flags itself). A wrong
-flag is one line on stderr and exit 2, never a traceback.
+This module decides the node name (SLURM's ``SLURMD_NODENAME``, since host names repeat
+in containers and test clusters; else the host name), the command line a launcher runs
+(:func:`node_command`, so no launcher spells the flags itself) and how a ``--pid`` value
+reads (:func:`parse_pid`, the inverse of that spelling).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,12 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalerun.cli import EXIT_USER_ERROR, OneLineParser
 from scalerun.errors import ScalerunError
 from scalerun.monitor.host import RankProcess, RanksFile, RankSource
 from scalerun.monitor.sampler import DEFAULT_INTERVAL_S, FLUSH_S, Sampler
-from scalerun.monitor.select import CHOICES, check_choice, choose_backend
-from scalerun.placement import node_name
+from scalerun.monitor.select import check_choice, choose_backend
+
+SAMPLER_MODULE = "scalerun.commands.node_sampler"
+"""The module :func:`node_command` runs with ``python -m`` (it parses the flags)."""
 
 NODE_VARIABLE = "SLURMD_NODENAME"
 STOP_TIMEOUT_S = 15.0
@@ -58,70 +59,6 @@ class NodeConfig:
     pids: tuple[RankProcess, ...] = field(default_factory=tuple)
     watch_pid: int | None = None
     """Stop when this process (the launcher) is gone, so a sampler never outlives it."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="python -m scalerun.monitor.node",
-        description="Sample this node's GPUs, CPUs and ranks into a JSON Lines file until SIGTERM.",
-    )
-    parser.add_argument("--out", required=True, type=Path, help="monitor file to append to")
-    parser.add_argument(
-        "--interval",
-        type=float,
-        default=DEFAULT_INTERVAL_S,
-        help="seconds between samples (default 1)",
-    )
-    parser.add_argument(
-        "--gpu-interval",
-        type=float,
-        help="seconds between GPU reads (default: interval, or 5-10 s for command-line tools)",
-    )
-    parser.add_argument(
-        "--flush", type=float, default=FLUSH_S,
-        help=f"seconds between writes (default {FLUSH_S:g}; 0: every sample, for a live view)",
-    )
-    parser.add_argument(
-        "--node", help=f"node name in the record (default: ${NODE_VARIABLE}, else the host name)"
-    )
-    ranks = parser.add_mutually_exclusive_group()
-    ranks.add_argument(
-        "--ranks-file", type=Path, help="JSON Lines of {rank, local_rank, pid}, one per rank"
-    )
-    ranks.add_argument(
-        "--pid",
-        action="append",
-        default=[],
-        metavar="RANK[:LOCAL]:PID",
-        help="a rank's PID (repeat)",
-    )
-    parser.add_argument(
-        "--backend", default="auto", help=f"GPU interface: {', '.join(CHOICES)} (default auto)"
-    )
-    parser.add_argument(
-        "--watch-pid", type=int, help="stop when this process exits (the launcher's PID)"
-    )
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> NodeConfig:
-    args = build_parser().parse_args(argv)
-    for flag, value in (("--interval", args.interval), ("--gpu-interval", args.gpu_interval)):
-        if value is not None and not value > 0:
-            raise ScalerunError(f"{flag} must be > 0 seconds (got {value:g}); the default is 1")
-    if not args.flush >= 0:
-        raise ScalerunError(f"--flush must be >= 0 seconds (got {args.flush:g}); 0 writes every sample")
-    return NodeConfig(
-        out=args.out,
-        node=args.node or node_name(),
-        interval_s=args.interval,
-        gpu_interval_s=args.gpu_interval,
-        flush_s=args.flush,
-        backend=check_choice(args.backend),
-        ranks_file=args.ranks_file,
-        pids=tuple(parse_pid(text) for text in args.pid),
-        watch_pid=args.watch_pid,
-    )
 
 
 def parse_pid(text: str) -> RankProcess:
@@ -171,19 +108,6 @@ def run(config: NodeConfig, stop: threading.Event) -> None:
     sampler.run(stop, wait)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: 0 after SIGTERM/SIGINT (samples flushed), 2 on a wrong flag."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        run(parse_args(argv), stop)
-    except ScalerunError as error:
-        print(f"scalerun monitor: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    return 0
-
-
 def node_command(
     out: Path,
     *,
@@ -200,7 +124,7 @@ def node_command(
     argv = [
         python,
         "-m",
-        "scalerun.monitor.node",
+        SAMPLER_MODULE,
         "--out",
         str(out),
         "--interval",
@@ -245,7 +169,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-if __name__ == "__main__":  # pragma: no cover - python -m scalerun.monitor.node
-    sys.exit(main())

@@ -107,7 +107,7 @@ def decide_environment(
 
 NCCL_ERROR_HANDLING = (
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "1",
-     "a collective that outlives the process-group timeout (SCALERUN_TIMEOUT) aborts the "
+     f"a collective that outlives the process-group timeout ({variables.TIMEOUT}) aborts the "
      "communicator and ends the rank, and the launcher the job; torch elastic gives its "
      "workers the same, so ranks behave alike under srun and torchrun"),
     ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT", "0",

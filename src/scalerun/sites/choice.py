@@ -1,18 +1,19 @@
-"""Which site profile a command uses: the one ``--site`` flag and the one rule behind it.
+"""Which site profile a command uses: the one rule behind the ``--site`` flag.
 
 Why: ``--site`` used to be declared by three parsers and resolved twice with different
 defaults (the local profile on the launch side, no profile on the rank side). Now every
-command declares it with :func:`add_site_argument` and resolves it with
-:func:`resolve_site`: the flag, else ``$SCALERUN_SITE`` (exported by scalerun's job
-scripts so that ranks plan with the launch's site), else the shipped ``local`` profile,
-which holds no site knowledge at all.
+command declares it with :func:`scalerun.commands.flags.add_site_argument` and resolves
+it with :func:`resolve_site`: the flag, else ``$SCALERUN_SITE`` (exported by scalerun's
+job scripts so that ranks plan with the launch's site), else the shipped ``local``
+profile, which holds no site knowledge at all. Flags are the CLI's business: nothing
+here imports argparse.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from scalerun.plan import variables
 from scalerun.sites.profile import SiteProfile
@@ -21,8 +22,11 @@ from scalerun.sites.store import load_site
 DEFAULT_SITE = "local"
 
 
-def add_site_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Declare ``--site`` (the only declaration of that flag)."""
+def add_site_argument(parser: Any) -> None:
+    """Transitional, for ``launch/slurm_cli.py`` only, which still imports it from here
+    while ``launch/`` is being restructured. The declaration is
+    :func:`scalerun.commands.flags.add_site_argument`; delete this copy (and its export in
+    ``sites/__init__.py``) once ``launch/`` calls that one."""
     parser.add_argument(
         "--site",
         help=f"site profile name or .toml path (default ${variables.SITE}, else {DEFAULT_SITE})",

@@ -4,11 +4,12 @@ Why: the course builds Horovod for LUMI with a dozen hand-typed exports
 (``HOROVOD_GPU=ROCM``, ``HOROVOD_GPU_OPERATIONS=NCCL``, ``HOROVOD_ROCM_HOME``, the RCCL
 paths, ``HCC_AMDGPU_TARGET=gfx90a``, MPI on or off). Here they are site data
 (:class:`~scalerun.sites.profile.HorovodBuild`), and ``scripts/install_horovod.sh
---site NAME`` asks this module for them::
+--site NAME`` asks this module for them through its command-line edge,
+:mod:`scalerun.commands.horovod_env`::
 
-    python -m scalerun.sites.horovod_env lumi-g            # export lines, for eval
-    python -m scalerun.sites.horovod_env lumi-g --tag      # the wheel cache's tag
-    python -m scalerun.sites.horovod_env lumi-g --require-set   # refuse unset ${VAR}s
+    python -m scalerun.commands.horovod_env lumi-g            # export lines, for eval
+    python -m scalerun.commands.horovod_env lumi-g --tag      # the wheel cache's tag
+    python -m scalerun.commands.horovod_env lumi-g --require-set   # refuse unset ${VAR}s
 
 :func:`build_variables` decides names, values and order (pure); values keep their
 ``${VAR}`` references, which the build shell expands. Nothing here builds anything.
@@ -16,10 +17,7 @@ paths, ``HCC_AMDGPU_TARGET=gfx90a``, MPI on or off). Here they are site data
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 
 from scalerun.errors import ScalerunError
@@ -61,45 +59,18 @@ def unset_references(pairs: Sequence[tuple[str, str]], environ: Mapping[str, str
     return sorted({name for name in names if name not in environ})
 
 
+def require_set(site: str, pairs: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> None:
+    """Refuse a build whose values refer to variables unset here (``--require-set``)."""
+    missing = unset_references(pairs, environ)
+    if missing:
+        raise ScalerunError(
+            f"site {site}'s Horovod build refers to {', '.join(f'${n}' for n in missing)}, "
+            "which is not set here; build inside the site's container or module environment"
+        )
+
+
 def render(pairs: Sequence[tuple[str, str]]) -> str:
     """``export NAME=VALUE`` lines for ``eval``: literal text quoted, ``${VAR}`` expanded."""
     from scalerun.shell import shell_template
 
     return "".join(f"export {name}={shell_template(value)}\n" for name, value in pairs)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalerun.sites.horovod_env",
-        description="Print the Horovod build variables of a site profile's [horovod] table.",
-    )
-    parser.add_argument("site", nargs="?", default="local", help="site profile (default: local, the CPU build)")
-    parser.add_argument("--tag", action="store_true", help="print the wheel cache's tag only")
-    parser.add_argument("--require-set", action="store_true",
-                        help="fail when a ${VAR} the values refer to is not set here")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print what was asked; a broken profile or an unset reference is one line, exit 2."""
-    from scalerun.sites import load_site
-
-    args = build_parser().parse_args(argv)
-    try:
-        site = load_site(args.site)
-        pairs = build_variables(site.horovod)
-        missing = unset_references(pairs, os.environ) if args.require_set else []
-        if missing:
-            raise ScalerunError(
-                f"site {site.name}'s Horovod build refers to {', '.join(f'${n}' for n in missing)}, "
-                "which is not set here; build inside the site's container or module environment"
-            )
-    except ScalerunError as error:
-        print(f"scalerun horovod_env: error: {error}", file=sys.stderr)
-        return 2
-    sys.stdout.write(cache_tag(site.name, site.horovod) + "\n" if args.tag else render(pairs))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
