@@ -57,14 +57,16 @@ def test_every_command_declares_the_flag_as_flags_py_does(flag: str) -> None:
     assert all(found.default is None for found in takers.values())
 
 
-def test_hyperthreads_is_one_declaration_for_topo_and_bind() -> None:
-    """``scalerun launch`` joins this list when launch/ calls flags.add_hyperthreads_argument
-    (with ``default=None``)."""
+def test_hyperthreads_is_one_declaration_for_topo_bind_and_launch() -> None:
+    """``scalerun launch`` declares it with ``default=None`` ("not given": the plan's rule)."""
     wanted = declared(flags.add_hyperthreads_argument)
     parsers = commands()
     for name in ("topo", "bind"):
         found = action(parsers[name], "--hyperthreads")
         assert found is not None and (shape(found), found.default) == (shape(wanted), False), name
+    for name in ("launch", "jobscript"):
+        found = action(parsers[name], "--hyperthreads")
+        assert found is not None and (shape(found), found.default) == (shape(wanted), None), name
     assert declared(lambda p: flags.add_hyperthreads_argument(p, default=None)).default is None
 
 

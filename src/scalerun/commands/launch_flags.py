@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun import profile, rundir
+from scalerun.commands.flags import add_hyperthreads_argument, add_site_argument
 from scalerun.errors import LaunchError, ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.gpu import BACKENDS
@@ -35,7 +36,7 @@ from scalerun.plan.request import (
     parse_env_pairs,
 )
 from scalerun.redact import redact_words, secret_values
-from scalerun.sites import add_site_argument, load_site, site_name
+from scalerun.sites import load_site, site_name
 
 # Flags whose presence means "this is a SLURM launch" (dest names). ``--mode`` and
 # ``--dry-run`` are not SLURM's alone: each backend owns its modes, and ``--dry-run`` shows
@@ -139,10 +140,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, modes: tuple[str, ..
 def add_binding_arguments(parser: argparse.ArgumentParser) -> None:
     """Binding choices for every rank, local or on SLURM (they do not make a launch SLURM's)."""
     bind = parser.add_argument_group("binding (local and SLURM launches)")
-    bind.add_argument(
-        "--hyperthreads", action="store_true", default=None,
-        help="ranks also get the sibling hardware threads of their cores (on SLURM: "
-        "#SBATCH --hint=multithread, CPUs per task counted in threads)")
+    add_hyperthreads_argument(bind, default=None)  # None: not given (the site's rule)
     bind.add_argument(
         "--membind", action=argparse.BooleanOptionalAction, default=None,
         help="each rank's memory prefers its CPUs' NUMA node (default: when those CPUs are on "

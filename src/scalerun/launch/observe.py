@@ -45,7 +45,7 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
 
 
 def start_sampler(run_dir: Path, watch_pid: int, environ: Mapping[str, str]) -> Any:
-    """Start this node's sampler (``python -m scalerun.monitor.node``); None when off."""
+    """Start this node's sampler (``python -m scalerun.commands.node_sampler``); None when off."""
     if environ.get(variables.MONITOR, "1") == "0":
         return None
     from scalerun.monitor.node import node_command, start_process

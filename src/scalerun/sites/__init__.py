@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from scalerun.sites.choice import (
     DEFAULT_SITE,
-    add_site_argument,
     resolve_site,
     site_name,
 )
@@ -25,7 +24,6 @@ from scalerun.sites.store import Folder, SiteEntry, find_sites, load_site, site_
 
 __all__ = [
     "DEFAULT_SITE",
-    "add_site_argument",
     "resolve_site",
     "site_name",
     "ContainerDefaults",

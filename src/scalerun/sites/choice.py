@@ -13,24 +13,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from scalerun.plan import variables
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import load_site
 
 DEFAULT_SITE = "local"
-
-
-def add_site_argument(parser: Any) -> None:
-    """Transitional, for ``launch/slurm_cli.py`` only, which still imports it from here
-    while ``launch/`` is being restructured. The declaration is
-    :func:`scalerun.commands.flags.add_site_argument`; delete this copy (and its export in
-    ``sites/__init__.py``) once ``launch/`` calls that one."""
-    parser.add_argument(
-        "--site",
-        help=f"site profile name or .toml path (default ${variables.SITE}, else {DEFAULT_SITE})",
-    )
 
 
 def site_name(flag: str | None, environ: Mapping[str, str] | None = None) -> str:

@@ -10,7 +10,6 @@ names the rank that failed and how. It sets no thread count: torchrun's blanket
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
+from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local import tail
@@ -128,8 +128,8 @@ def check_ranks_fit_gpus(job: LocalJob, environ: Mapping[str, str]) -> None:
         raise LaunchError(verdict.error or "more ranks than GPUs")
 
 
-def choose_rendezvous(args: argparse.Namespace) -> None:
-    """Pick the rendezvous for torchrun's parsed arguments, in place: on one node without
+def choose_rendezvous(args: Any) -> None:
+    """Pick the rendezvous for torchrun's parsed arguments (its namespace), in place: on one node without
     restarts scalerun's loopback store (``launch/rendezvous.py``), with restarts torch's
     c10d on a free port (what torchrun's ``--standalone`` does); anything else as given."""
     import uuid
@@ -151,7 +151,7 @@ def choose_rendezvous(args: argparse.Namespace) -> None:
     args.rdzv_backend, args.rdzv_endpoint = rendezvous.BACKEND, f"{rendezvous.LOOPBACK}:0"
 
 
-def run_agent(args: argparse.Namespace) -> None:
+def run_agent(args: Any) -> None:
     """torchrun's ``run``, without its ``OMP_NUM_THREADS=1`` for every rank: the ranks'
     plans set one thread per core each rank owns (the user's own value still wins)."""
     from torch.distributed import run as torchrun

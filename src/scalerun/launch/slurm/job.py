@@ -299,10 +299,6 @@ class SlurmJob:
 
 # --- the plan and the SLURM-only precedence ----------------------------------------------
 
-CHECK_MODULE = "scalerun.doctor.rank"
-"""The doctor's own rank program: a job that runs it needs no check before it."""
-
-
 def make_job(plan: LaunchPlan) -> SlurmJob:
     """The plan as a SLURM job: its variables and command as planned, and the SLURM-only
     parts merged over the site profile (flags always win)."""
@@ -333,7 +329,7 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         python=plan.python,
         host_python=plan.host_python,
         container=plan.container,
-        check=request.check is not False and plan.program.script != CHECK_MODULE,
+        check=request.check is not False,  # on unless --no-check (the doctor's own job says so)
         cpu_bind=slurm.cpu_bind,
         env=given,
         site_env=kept,

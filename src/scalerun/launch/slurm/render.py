@@ -356,7 +356,7 @@ CHECK_ARGS = ("--quick", "--timeout=60")
 CHECK_PROGRAM = (
     "import sys\n"
     "try:\n"
-    "    from scalerun.doctor.rank import main\n"
+    "    from scalerun.commands.rank_doctor import main\n"
     "except ImportError:\n"
     "    sys.exit(3)\n"
     "sys.exit(main(sys.argv[1:]))"
