@@ -269,6 +269,8 @@ class SlurmJob:
     """Where the job script, its log and the stop file go (the launch's run directory)."""
     wait: bool = False
     """After submitting, follow the job to its end and return its exit code (``--wait``)."""
+    plan: LaunchPlan | None = field(default=None, compare=False, repr=False)
+    """The plan the job carries out (None for a job written by hand, as tests do)."""
 
     def __post_init__(self) -> None:
         for name, _ in (*self.env, *self.site_env, *self.task_env):
@@ -342,6 +344,7 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         preemption=stop,
         run_dir=job_run_dir(plan),
         wait=slurm.wait,
+        plan=plan,
     )
 
 
