@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from scalerun.errors import ScalerunError
-from scalerun.monitor.host import RankProcess, record_rank
+from scalerun.monitor.host import RankProcess
 from scalerun.monitor.node import (
     NodeConfig,
     node_command,
@@ -26,6 +26,7 @@ from scalerun.monitor.node import (
 )
 from scalerun.monitor.records import parse_monitor
 from scalerun.rundir import monitor_path, read_jsonl
+from scalerun.runtime.rankfile import record_rank
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
