@@ -95,7 +95,8 @@ def test_a_refused_cpu_set_and_memory_node_are_one_line_each_and_the_rest_applie
     far_node: Path,
 ) -> None:
     env = {**clean_env(), "SCALERUN_MEMBIND": "1"}
-    code = APPLY_IN_A_CHILD.replace('read_node("/")', f"read_node({str(far_node)!r}, range(4000, 4004))")
+    far = f"read_node({str(far_node)!r}, range(4000, 4004))"
+    code = APPLY_IN_A_CHILD.replace('read_node("/")', far)
     done = run([sys.executable, "-c", code, "0", "1"], env)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
