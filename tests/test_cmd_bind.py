@@ -184,3 +184,19 @@ def test_command_errors(trees: TreeCache, capsys, cmd: list[str], message: str) 
         ]
     )  # crowded: this process's affinity is untouched
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_cpus_the_kernel_refuses_are_one_line_and_the_command_runs(tmp_path) -> None:
+    """--allowed-cpus names another node's CPUs: not an error (see scalerun.runtime.apply);
+    the summary says they were not bound."""
+    from tests.fixtures.make_sysfs import build_tree
+    from tests.runtime.test_apply import FAR_NODE, REFUSED_CPUS
+
+    root = build_tree(FAR_NODE, tmp_path / "far")
+    done = run_bind("--sysfs", str(root), "--allowed-cpus", "4000-4003", "--local-rank", "0",
+                    "--ranks-per-node", "1", env={"SCALERUN_MEMBIND": "0"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cpus"] == sorted(os.sched_getaffinity(0))
+    first, summary_line = done.stderr.splitlines()
+    assert first.startswith(f"scalerun bind: {REFUSED_CPUS}")
+    assert "CPUs 4000-4003 not bound; exported no variable" in summary_line

@@ -1,6 +1,7 @@
 """Apply a planned CPU set to this process: the one place scalerun changes affinity.
 
-``scalerun.init()`` and ``scalerun bind`` call :func:`apply_affinity` with the CPUs that
+:func:`scalerun.runtime.apply.apply_rank_plan` (for ``scalerun.init()``, ``scalerun exec
+--bind`` and ``scalerun bind``) calls :func:`apply_affinity` with the CPUs that
 :mod:`scalerun.plan.rank` gave the rank; nothing else in scalerun touches affinity. The
 memory side (the NUMA node a rank's pages come from) is :mod:`scalerun.membind`.
 """

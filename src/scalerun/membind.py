@@ -4,8 +4,8 @@ Why: a rank bound to the cores of one NUMA node still takes its pages from where
 kernel finds free memory first, and a page that lands on another node costs a trip over
 the socket fabric on every access (on LUMI-G: four NUMA nodes of 128 GiB, one per CCD
 pair and GCD pair). ``numactl --membind`` fixes that for a command; :func:`prefer_node`
-does it for the running rank, which ``scalerun.init()`` calls with the node its rank plan
-chose (:func:`scalerun.plan.rank.membind_decision`).
+does it for the running rank: :func:`scalerun.runtime.apply.apply_rank_plan` calls it with
+the node the rank plan chose (:func:`scalerun.plan.rank.membind_decision`).
 
 The policy is ``MPOL_PREFERRED``, not ``MPOL_BIND``: memory comes from the chosen node
 while it has free pages, and from the others after that. ``MPOL_BIND`` would start the

@@ -19,8 +19,8 @@ from scalerun.monitor.host import (
     children_by_parent,
     fixed_ranks,
     parse_ranks,
-    record_rank,
 )
+from scalerun.runtime.rankfile import record_rank
 from tests.monitor.fakes import FakeClock
 
 RANK = """

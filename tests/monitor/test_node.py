@@ -16,7 +16,7 @@ import pytest
 
 from scalerun.commands.node_sampler import parse_args
 from scalerun.errors import ScalerunError
-from scalerun.monitor.host import RankProcess, record_rank
+from scalerun.monitor.host import RankProcess
 from scalerun.monitor.node import (
     NodeConfig,
     node_command,
@@ -27,6 +27,7 @@ from scalerun.monitor.node import (
 from scalerun.monitor.records import parse_monitor
 from scalerun.placement import node_name
 from scalerun.rundir import monitor_path, read_jsonl
+from scalerun.runtime.rankfile import record_rank
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -5,9 +5,13 @@ Any launcher (srun, mpirun, torchrun ``--no-python``, Lightning, Accelerate) can
 shows: both ask the rank plan (:mod:`scalerun.plan.rank`). This command only decides
 where the local rank and the ranks per node come from (flags, else the launcher's
 variables, else a bare local-rank variable; ranks per node default to one per GPU),
-applies the plan's CPU set and GPU visibility, and prints one line saying what it did.
-It never overrides a visibility variable that is already set, and never guesses a local
-rank.
+applies the plan's memory node, CPU set and GPU visibility, and prints one line saying
+what it did. It never overrides a visibility variable that is already set, and never
+guesses a local rank.
+
+The memory node and CPU set are applied by :func:`scalerun.runtime.apply.apply_rank_plan`,
+as in ``scalerun.init()`` and ``scalerun exec --bind``, with their one error policy: what
+the kernel refuses is one line on stderr (also with ``--quiet``), and CMD still runs.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ import os
 import sys
 from collections.abc import Mapping
 
-from scalerun.affinity import apply_affinity
 from scalerun.commands.topo import add_node_arguments
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.launch.process import exec_command
 from scalerun.placement import LOCAL_RANK_VARIABLES, Placement, detect, local_rank_only, on_one_node
 from scalerun.plan.rank import PlanOptions, RankPlan
+from scalerun.runtime.apply import apply_rank_plan
 from scalerun.this_rank import plan_this_rank, read_topology, sysfs_root
 
 
@@ -47,7 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="rank (default): this rank sees only its GPU, as device 0; all: every "
         "GPU stays visible, numbered in PCI order, and the rank uses device N",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="do not print what was done")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not print what was done (what could not be applied still is)")
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="print the rank's plan as JSON and run nothing (no CMD needed)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="command to run")
@@ -75,16 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps({**plan_json(plan), "exported": exported}, indent=2))
         return 0
-    if plan.membind is not None:  # the policy survives exec, like the affinity
-        from scalerun.membind import prefer_node
-
-        result = prefer_node(plan.membind)
-        if not result.applied and not args.quiet:
-            print(f"scalerun bind: {result.message}", file=sys.stderr)
-    if plan.bind:
-        apply_affinity(plan.cpus)
+    # the memory policy and the affinity survive exec; the plan's other variables are
+    # scalerun exec's and init()'s to set, as before
+    applied = apply_rank_plan(plan, os.environ, bind=True, apply_env=False, who="scalerun bind")
     if not args.quiet:
-        print(summary(plan, exported), file=sys.stderr)
+        print(summary(plan, exported, applied.cpus), file=sys.stderr)
     exec_command(cmd, exported)
 
 
@@ -139,11 +139,14 @@ def gpu_visibility(plan: RankPlan, environ: Mapping[str, str], mode: str) -> dic
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
-def summary(plan: RankPlan, exported: dict[str, str]) -> str:
-    """One line: which rank, which GPU, which CPUs, and what was exported."""
+def summary(plan: RankPlan, exported: dict[str, str], bound: tuple[int, ...] | None) -> str:
+    """One line: which rank, which GPU, which CPUs (``bound``: those applied), and what
+    was exported."""
     binding, where = plan.binding, plan.placement
     gpu = f"GPU {binding.gpu_index} ({binding.gpu_pci})" if binding.gpu_pci else "no GPU"
-    cpus = f"CPUs {binding.cpulist}" if plan.bind else f"affinity left as is: {plan.bind_reason}"
+    cpus = (f"CPUs {binding.cpulist}" if bound is not None
+            else f"CPUs {binding.cpulist} not bound" if plan.bind
+            else f"affinity left as is: {plan.bind_reason}")
     env = ", ".join(f"{k}={v}" for k, v in exported.items()) or "no variable"
     source = where.sources.get("local_rank", where.launcher)
     return (

@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.process import exec_command
@@ -113,35 +112,18 @@ def decided_env(environ: Mapping[str, str], *, bind: bool = False) -> dict[str, 
     """The rank plan's communication, thread and cache variables (``scalerun env``), so
     that a program that is not scalerun-aware gets what ``scalerun.init()`` would set;
     with ``bind`` also its CPU set and memory node, applied to this process (exec keeps
-    them), as ``init()`` would.
+    them), as ``init()`` would: both by :func:`scalerun.runtime.apply.apply_rank_plan`,
+    with its error policy (what cannot be applied is one line, and CMD still runs).
 
     The user's values are never replaced; ``SCALERUN_NETCONF=0`` turns the variables off.
     """
-    from scalerun.netconf.apply import apply_settings
+    from scalerun.runtime.apply import apply_rank_plan
     from scalerun.this_rank import plan_this_rank
 
     plan = plan_this_rank(environ=environ, tolerate_missing_sysfs=True)
-    if bind:
-        apply_binding(plan)
-    if environ.get(variables.NETCONF, "1") == "0":
-        return {}
-    return apply_settings(plan.environment, {})
-
-
-def apply_binding(plan: Any) -> None:
-    """The plan's CPU set and memory node, where it says to apply them."""
-    if plan.membind is not None:
-        from scalerun.membind import prefer_node
-
-        prefer_node(plan.membind)
-    if plan.bind:
-        from scalerun.affinity import apply_affinity
-        from scalerun.errors import TopologyError
-
-        try:
-            apply_affinity(plan.cpus)
-        except TopologyError as error:  # binding speeds a run up; it never stops one
-            print(f"scalerun exec: CPUs not bound: {error}", file=sys.stderr)
+    applied = apply_rank_plan(plan, dict(environ), bind=bind, apply_env=True,
+                              who="scalerun exec")
+    return applied.exported
 
 
 def srun_cpu_bind_here(

@@ -72,15 +72,3 @@ def start_sampler_for_task(environ: Mapping[str, str]) -> None:
     if run_dir is None or environ.get("SLURM_LOCALID", "0").strip() != "0":
         return
     start_sampler(run_dir, os.getpid(), environ)
-
-
-def register_rank(rank: int, local_rank: int, environ: Mapping[str, str] | None = None) -> None:
-    """A rank tells its node's sampler its pid (``scalerun.init`` calls this)."""
-    env = os.environ if environ is None else environ
-    run_dir = run_dir_from(env)
-    if run_dir is None or env.get(variables.MONITOR, "1") == "0":
-        return
-    from scalerun.monitor.host import record_rank
-    from scalerun.placement import node_name
-
-    record_rank(ranks_path(run_dir, node_name(env)), rank, local_rank)

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from scalerun.monitor.records import NodeSample, RankSample
-from scalerun.rundir import append_jsonl, read_jsonl
+from scalerun.rundir import read_jsonl
 
 MB = 2**20
 
@@ -54,7 +54,8 @@ def fixed_ranks(
 
 
 class RanksFile:
-    """A rank source that re-reads a ranks file when it changes (see :func:`record_rank`).
+    """A rank source that re-reads a ranks file when it changes (written by
+    :func:`scalerun.runtime.rankfile.record_rank`).
 
     Each line is ``{"rank": R, "local_rank": L, "pid": P}``; a later line for the same rank
     wins (a restarted rank appends its new PID). A missing file means no rank yet. The
@@ -89,11 +90,6 @@ def parse_ranks(records: Iterable[Mapping[str, Any]]) -> list[RankProcess]:
         local = record.get("local_rank")
         latest[rank] = RankProcess(rank, pid, local if isinstance(local, int) else None)
     return [latest[rank] for rank in sorted(latest)]
-
-
-def record_rank(path: Path, rank: int, local_rank: int | None, pid: int | None = None) -> None:
-    """Append this rank's line to a ranks file (one whole-line write, safe beside others)."""
-    append_jsonl(path, [{"rank": rank, "local_rank": local_rank, "pid": pid or os.getpid()}])
 
 
 TREE_REFRESH_S = 5.0

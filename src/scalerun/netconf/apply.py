@@ -1,8 +1,8 @@
 """Apply a decided environment inside a rank: export what the user left unset, make caches.
 
-Used by ``scalerun.init()`` (before the process group exists, so NCCL/RCCL and gloo read
-the interface variables) and by ``scalerun exec`` (before it execs a program that is
-not scalerun-aware).
+Called by :func:`scalerun.runtime.apply.apply_rank_plan`, for ``scalerun.init()`` (before
+the process group exists, so NCCL/RCCL and gloo read the interface variables) and for
+``scalerun exec`` (before it execs a program that is not scalerun-aware).
 """
 
 from __future__ import annotations

@@ -25,8 +25,10 @@ from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
 from scalerun.rundir import run_dir_from
 from scalerun.runtime import hang
+from scalerun.runtime.apply import apply_rank_plan, apply_to_running_process
 from scalerun.runtime.context import Context
 from scalerun.runtime.lines import whole_lines
+from scalerun.runtime.rankfile import register_rank
 from scalerun.topology.cpulist import format_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +68,9 @@ def init(
     A job set up wrong (stale RANK exports, more ranks than GPUs under NCCL, a broken site
     profile) ends the rank with one line on stderr and exit code 1 (``SystemExit``), before
     any process group exists, so that a launcher reports it instead of a hang or a traceback.
+    A binding the kernel refuses (CPUs or a memory node this process may not use) is not a
+    mistake of that kind: one line on stderr, and the rank runs on unbound
+    (:mod:`scalerun.runtime.apply`, the same for ``scalerun exec`` and ``scalerun bind``).
 
     Every decision (device, CPUs, threads, environment) comes from the rank plan
     (:mod:`scalerun.plan.rank`), the same one ``scalerun env`` and the doctor show.
@@ -84,8 +89,12 @@ def init(
     except ScalerunError as error:  # the job is set up wrong: one line per rank, no traceback
         raise SystemExit(f"scalerun.init: error: {error}") from None
     whole_lines()  # ranks sharing an output never cut into each other's lines
-    bound = _bind_cpus(rank_plan)
-    exported.update(_apply_environment(rank_plan, os.environ))
+    # before the process group and the loaders start threads, which inherit the binding;
+    # the environment before NCCL/RCCL and gloo read the interface variables
+    applied = apply_rank_plan(rank_plan, os.environ, bind=True, apply_env=True,
+                              who="scalerun.init")
+    apply_to_running_process(rank_plan, applied)
+    exported.update(applied.exported)
     device = torch.device(rank_plan.gpu.device.name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -102,14 +111,12 @@ def init(
         backend=rank_plan.gpu.backend,
         placement=where,
         device_reason=rank_plan.gpu.device.reason,
-        bound_cpus=bound,
+        bound_cpus=applied.cpus,
         exported_env=exported,
         plan=rank_plan,
     )
     if verbose if verbose is not None else _env_flag(variables.VERBOSE):
         print(rank_report(_context), file=sys.stderr, flush=True)
-    from scalerun.launch.observe import register_rank
-
     register_rank(where.rank, where.local_rank)
     hang.start(where.rank, where.world_size, hang_s, run_dir_from())
     from scalerun.runtime import preempt
@@ -218,45 +225,6 @@ def export_placement(where: placement_mod.Placement, environ: MutableMapping[str
     added, _ = placement_mod.split_exports(where.to_env(), environ)
     environ.update(added)
     return added
-
-
-def _bind_cpus(rank_plan: RankPlan) -> tuple[int, ...] | None:
-    """Apply the planned CPU set and memory node where the plan says so (see
-    ``RankPlan.bind_reason`` and ``membind_reason``); before the process group and the
-    loaders start their threads, which inherit both."""
-    if rank_plan.membind is not None:
-        from scalerun.membind import prefer_node
-
-        result = prefer_node(rank_plan.membind)
-        if not result.applied:  # a memory optimisation never stops a run
-            print(f"scalerun.init: {result.message}", file=sys.stderr, flush=True)
-    if not rank_plan.bind:
-        return None
-    from scalerun.affinity import apply_affinity
-
-    apply_affinity(rank_plan.cpus)
-    return rank_plan.cpus
-
-
-def _apply_environment(rank_plan: RankPlan, environ: MutableMapping[str, str]) -> dict[str, str]:
-    """Export the decided communication, thread and cache variables (see scalerun env).
-
-    Runs after binding and before the process group, so that NCCL/RCCL and gloo see the
-    interface variables. ``SCALERUN_NETCONF=0`` turns it off.
-    """
-    if environ.get(variables.NETCONF, "1") == "0":
-        return {}
-    from scalerun.netconf.apply import apply_settings
-
-    applied = apply_settings(rank_plan.environment, environ)
-    if "GLIBC_TUNABLES" in applied:  # read at start-up only: this process sets it itself
-        from scalerun.runtime.malloc import fix_thresholds
-
-        fix_thresholds()
-    threads = rank_plan.value("OMP_NUM_THREADS")
-    if threads and threads.isdigit():
-        torch.set_num_threads(int(threads))
-    return applied
 
 
 def _timeout(timeout: float | None, hang_s: float | None = None) -> datetime.timedelta:
