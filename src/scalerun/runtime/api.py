@@ -1,7 +1,8 @@
 """The public runtime functions, gathered for ``scalerun.<name>``."""
 
+from scalerun.runtime.context import barrier, context, shutdown
 from scalerun.runtime.data import loader
-from scalerun.runtime.init import barrier, context, init, shutdown
+from scalerun.runtime.init import init
 from scalerun.runtime.metrics import reduce
 from scalerun.runtime.output import print
 from scalerun.runtime.steplog import log

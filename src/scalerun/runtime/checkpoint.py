@@ -37,11 +37,12 @@ import os
 import random
 import shutil
 import warnings
+import weakref
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -50,12 +51,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scalerun.errors import ScalerunError
-from scalerun.runtime.context import Context
-from scalerun.runtime.init import barrier, context
-from scalerun.runtime.preempt import checkpoint_folder, watch_loader
+from scalerun.plan import variables
+from scalerun.runtime.context import Context, barrier, context
 from scalerun.runtime.strategies.base import Strategy
 from scalerun.runtime.strategies.replicated import PlainModel
-from scalerun.runtime.wrap import Wrapped
 from scalerun.version import __version__
 
 POINTER = "latest"
@@ -87,10 +86,26 @@ class Resumed:
 
 
 # -- where checkpoints are -----------------------------------------------------------
-def folder() -> Path | None:
+def folder(environ: Mapping[str, str] | None = None) -> Path | None:
     """The run's checkpoint folder from ``scalerun launch --checkpoint DIR``
     (``SCALERUN_CHECKPOINT``), or None: a script's default for its own checkpoint flag."""
-    return checkpoint_folder()
+    value = (os.environ if environ is None else environ).get(variables.CHECKPOINT, "").strip()
+    return Path(value) if value else None
+
+
+_watched: weakref.ref[DataLoader] | None = None
+
+
+def watch_loader(loader: DataLoader | None) -> None:
+    """The training loader whose position a save on a signal records (:mod:`.preempt`
+    asks :func:`watched_loader`); :func:`save` and :func:`load` name it."""
+    global _watched
+    if loader is not None:
+        _watched = weakref.ref(loader)  # not kept alive (nor its workers) for a stop
+
+
+def watched_loader() -> DataLoader | None:
+    return _watched() if _watched is not None else None
 
 
 def step_name(step: int) -> str:
@@ -203,6 +218,21 @@ def refuse_foreign(root: str | os.PathLike) -> None:
             "scalerun.checkpoint.load(folder, model, loader=...) before training to continue it, "
             "or give an empty folder (scalerun never writes over another run's checkpoints)"
         )
+
+
+@runtime_checkable
+class Wrapped(Protocol):
+    """What a checkpoint reads and restores of the model ``scalerun.wrap()`` returns
+    (:class:`scalerun.runtime.wrap.Wrapped`): its strategy and the loop's counters. A
+    protocol, not an import: ``wrap`` stops a warned run through :mod:`.preempt`, which saves
+    through this module, so this module must not import ``wrap``."""
+
+    strategy: Strategy
+    optimizer: Any
+    scheduler: Any
+    micro_steps: int
+    optimizer_steps: int
+    cycle_position: int
 
 
 def _strategy_of(ctx: Context, model: nn.Module, optimizer: Any) -> tuple[Strategy, Wrapped | None]:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from scalerun.errors import ScalerunError
 from scalerun.plan.rank import MAX_DEFAULT_WORKERS
-from scalerun.runtime.init import current
+from scalerun.runtime.context import current
 from scalerun.runtime.steplog import current_log
 
 

@@ -26,7 +26,7 @@ from scalerun.plan.gpu import visible_devices
 from scalerun.rundir import run_dir_from
 from scalerun.runtime import hang
 from scalerun.runtime.apply import apply_rank_plan, apply_to_running_process
-from scalerun.runtime.context import Context
+from scalerun.runtime.context import Context, current, install
 from scalerun.runtime.lines import whole_lines
 from scalerun.runtime.rankfile import register_rank
 from scalerun.topology.cpulist import format_cpulist
@@ -39,7 +39,6 @@ HANG_MARGIN_S = 120.0
 """How much longer than the hang timeout the default collective timeout is: the time a
 watchdog needs to write stacks (py-spy included) and wait for its peers'."""
 
-_context: Context | None = None
 
 
 def init(
@@ -75,9 +74,9 @@ def init(
     Every decision (device, CPUs, threads, environment) comes from the rank plan
     (:mod:`scalerun.plan.rank`), the same one ``scalerun env`` and the doctor show.
     """
-    global _context
-    if _context is not None:
-        return _context
+    existing = current()
+    if existing is not None:
+        return existing
     try:
         where = placement_mod.detect()
         _die_with_the_agent(where)
@@ -101,7 +100,7 @@ def init(
     _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout, hang_s))
     if rank_plan.gpu.backend == "gloo" and where.world_size > 1:
         atexit.register(_let_gloo_settle)
-    _context = Context(
+    ctx = install(Context(
         rank=where.rank,
         local_rank=where.local_rank,
         world_size=where.world_size,
@@ -114,15 +113,15 @@ def init(
         bound_cpus=applied.cpus,
         exported_env=exported,
         plan=rank_plan,
-    )
+    ), _teardown)
     if verbose if verbose is not None else _env_flag(variables.VERBOSE):
-        print(rank_report(_context), file=sys.stderr, flush=True)
+        print(rank_report(ctx), file=sys.stderr, flush=True)
     register_rank(where.rank, where.local_rank)
     hang.start(where.rank, where.world_size, hang_s, run_dir_from())
     from scalerun.runtime import preempt
 
     preempt.arm()  # before any loader forks workers: they inherit the handlers
-    return _context
+    return ctx
 
 
 #: Launchers whose ranks are children of a Python agent that may be killed outright.
@@ -181,21 +180,8 @@ def _let_gloo_settle() -> None:
     time.sleep(GLOO_SETTLE_S)
 
 
-def context() -> Context:
-    """The context of an earlier :func:`init`; fails with the fix when there was none."""
-    if _context is None:
-        raise ScalerunError("scalerun.init() has not been called in this process; call it first")
-    return _context
-
-
-def current() -> Context | None:
-    """The context when :func:`init` ran, else None (for helpers that work either way)."""
-    return _context
-
-
-def shutdown() -> None:
-    """Leave the job: destroy the process group :func:`init` created. Safe to call twice."""
-    global _context
+def _teardown() -> None:
+    """What :func:`scalerun.runtime.context.shutdown` runs for a job ``init`` set up."""
     from scalerun.runtime.steplog import close_log
 
     hang.stop()
@@ -205,14 +191,6 @@ def shutdown() -> None:
     preempt.forget()  # the stop agreement in flight, before its process group goes
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _context = None
-
-
-def barrier() -> None:
-    """Wait for every rank (no-op in a single process)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-        hang.progress()  # every rank got here: the job moves
 
 
 def export_placement(where: placement_mod.Placement, environ: MutableMapping[str, str]) -> dict:

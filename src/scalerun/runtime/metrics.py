@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from scalerun.errors import ScalerunError
-from scalerun.runtime.init import current
+from scalerun.runtime.context import current
 
 OPS = {
     "sum": dist.ReduceOp.SUM,

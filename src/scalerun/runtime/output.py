@@ -6,7 +6,7 @@ import builtins
 import os
 from typing import Any
 
-from scalerun.runtime.init import current
+from scalerun.runtime.context import current
 
 
 def is_main() -> bool:

@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import signal
 import sys
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +48,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch.utils.data import DataLoader
 
     from scalerun.runtime.context import Context
     from scalerun.runtime.wrap import Wrapped
@@ -70,7 +67,6 @@ class _Stop:
     armed: tuple[str, ...] = ()
     folder: Path | None = None
     """Where to save (``SCALERUN_CHECKPOINT`` when armed); None: nowhere."""
-    loader: weakref.ref[DataLoader] | None = None
     pending: tuple[Any, Any] | None = None
     """(work, tensor) of the all-reduce started at the last step end."""
     group: Any = None
@@ -83,12 +79,6 @@ class _Stop:
 _stop = _Stop()
 
 
-def checkpoint_folder(environ: Mapping[str, str] | None = None) -> Path | None:
-    """``SCALERUN_CHECKPOINT`` as a path, or None when the launch gave no folder."""
-    value = (os.environ if environ is None else environ).get(variables.CHECKPOINT, "").strip()
-    return Path(value) if value else None
-
-
 def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Install the handlers (``scalerun.init`` calls this, before any loader forks its
     workers, which inherit them); returns the names of the signals now handled.
@@ -97,7 +87,9 @@ def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """
     if threading.current_thread() is not threading.main_thread():
         return ()
-    _stop.folder = checkpoint_folder(environ)
+    from scalerun.runtime import checkpoint
+
+    _stop.folder = checkpoint.folder(environ)
     wanted = [signal.SIGUSR1] + ([signal.SIGTERM] if _stop.folder else [])
     for number in wanted:
         _stop.before.setdefault(number, signal.signal(number, _remember))
@@ -110,12 +102,6 @@ def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
 def _remember(number: int, frame: Any) -> None:
     """Only note it: the step in progress finishes first, and all ranks stop together."""
     _stop.signal_number = _stop.signal_number or number
-
-
-def watch_loader(loader: DataLoader | None) -> None:
-    """The training loader whose position a stop saves (checkpoint.load/save give it)."""
-    if loader is not None:
-        _stop.loader = weakref.ref(loader)  # not kept alive (nor its workers) for a stop
 
 
 def at_step_end(wrapped: Wrapped) -> None:
@@ -185,10 +171,10 @@ def _agreement_group() -> Any:
 def _save_and_exit(wrapped: Wrapped, folder: Path, number: int) -> NoReturn:
     """Save, tell where (rank 0, then the job script through the run directory), leave."""
     from scalerun.runtime import checkpoint
-    from scalerun.runtime.init import barrier, shutdown
+    from scalerun.runtime.context import barrier, shutdown
 
     ctx = wrapped.strategy.ctx
-    saved = checkpoint.save(folder, wrapped, loader=_stop.loader() if _stop.loader else None)
+    saved = checkpoint.save(folder, wrapped, loader=checkpoint.watched_loader())
     if ctx.rank == 0:
         print(f"scalerun: {_name(number)}: every rank stopped after step {wrapped.optimizer_steps}; "
               f"checkpoint {saved}", flush=True)

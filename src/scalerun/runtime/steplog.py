@@ -271,7 +271,7 @@ def current_log() -> StepLog | None:
 def _open_log() -> StepLog | None:
     from scalerun.placement import node_name
     from scalerun.rundir import run_dir_from, step_log_path
-    from scalerun.runtime.init import current
+    from scalerun.runtime.context import current
 
     run_dir, ctx = run_dir_from(), current()
     if run_dir is None or ctx is None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from scalerun.runtime import hang, observe, preempt, strategies
-from scalerun.runtime.init import context
+from scalerun.runtime.context import context
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
     SchedulerArg,
@@ -125,7 +125,7 @@ class Wrapped(nn.Module):
     def _stop_after_last_step(self) -> None:
         """A bounded run (``scalerun scaling --steps``) ends here, on every rank at the same
         step: logs are written, the process group is left, and the rank exits 0."""
-        from scalerun.runtime.init import shutdown
+        from scalerun.runtime.context import shutdown
 
         if self.profiler is not None:
             self.profiler.stop()
