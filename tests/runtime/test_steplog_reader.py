@@ -76,8 +76,9 @@ def test_what_the_writer_writes_is_read_back(tmp_path: Path) -> None:
         (1, 1001.0, 1.0), (2, 1002.0, 1.0), (3, 1003.0, 1.0)]
     assert {(r[keys.DATA_S], r[keys.FWD_S], r[keys.BWD_S], r[keys.OPT_S], r[keys.COMM_S],
              r[keys.SAMPLES]) for r in steps} == {(DATA_S, FWD_S, BWD_S, OPT_S, COMM_S, SAMPLES)}
-    assert [r[keys.SCALARS] for r in steps] == [
-        {"loss": 1.0, "note": "text"}, {"loss": 0.5, "note": "text"}, {"loss": 1 / 3, "note": "text"}]
+    assert [r[keys.SCALARS] for r in steps] == [{"loss": 1.0, "note": "text"},
+                                               {"loss": 0.5, "note": "text"},
+                                               {"loss": 1 / 3, "note": "text"}]
 
 
 def test_the_numbers_of_a_written_log(tmp_path: Path) -> None:
