@@ -22,11 +22,9 @@ Layout (``RUN_DIR`` is ``--run-dir``, default ``runs/NAME-TIME``)::
 Record formats (JSON Lines, one object per line, appended; a reader must accept a
 truncated last line, because a killed job leaves one):
 
-- step log: a first ``{"kind": "meta", ...}`` line (rank, world_size, local_rank,
-  node, host, strategy, device, params, grad_bytes, start), then one
-  ``{"kind": "step", "step": N, "t": END_TIME, "dt": S, "data_s": S, "fwd_s": S,
-  "bwd_s": S, "opt_s": S, "comm_s": S|null, "samples": N, "scalars": {...}}`` per
-  optimizer step. Times are seconds; ``t`` is Unix time at the end of the step.
+- step log: a meta line, then one line per optimizer step; the format and its keys are
+  :mod:`scalerun.runtime.steplog_reader`'s (its writer, :mod:`scalerun.runtime.steplog`,
+  spells every key from there).
 - monitor: a first ``{"kind": "meta", ...}`` line, then ``{"kind": "sample", "t": ...,
   "gpus": [...], "node": {...}, "ranks": [...]}`` lines; the keys are
   :mod:`scalerun.monitor.records`'s.

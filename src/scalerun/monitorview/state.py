@@ -10,8 +10,9 @@ last ``window_s`` seconds of its log divided by their summed durations (``dt``),
 first step of a log left out (its ``dt`` counts the set-up since the log began); a
 node's steps/s is the mean over its ranks (they step together), its samples/s the sum;
 the loss is the mean of each rank's latest ``loss`` scalar. A rank belongs to the node
-its step log's meta line names, else to the node whose sampler lists its pid. It is
-pure: no file, no clock (``now`` is passed in).
+its step log's meta line names, else to the node whose sampler lists its pid. Step lines
+are read by the keys of :mod:`scalerun.runtime.steplog_reader`, the format's one home. It
+is pure: no file, no clock (``now`` is passed in).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from typing import Any
 
 from scalerun.monitor.records import GpuSample, Meta, Sample, parse_monitor
 from scalerun.monitorview.model import GpuView, NodeView, Snapshot, TrainingView
+from scalerun.runtime import steplog_reader as keys
 
 WINDOW_S = 10.0
 UNKNOWN_NODE = "?"
 """The node of a rank whose step log has no meta line and whose pid no sampler lists."""
+LOSS = "loss"
+"""The user's scalar shown as the loss (``scalerun.log(loss=...)``)."""
 
 
 @dataclass(frozen=True)
@@ -53,30 +57,30 @@ class RankSteps:
 
     def add(self, records: Iterable[Mapping[str, Any]], window_s: float) -> None:
         for record in records:
-            if record.get("kind") == "meta":
+            if record.get(keys.KIND) == keys.META_KIND:
                 self.meta = dict(record)
-            elif record.get("kind") == "step":
+            elif record.get(keys.KIND) == keys.STEP_KIND:
                 self._add_step(record)
         while len(self.points) > 1 and self.points[0].t <= self.points[-1].t - window_s:
             self.points.popleft()
 
     def _add_step(self, record: Mapping[str, Any]) -> None:
         try:
-            point = StepPoint(int(record["step"]), float(record["t"]),
-                              _number(record.get("dt")), _count(record.get("samples")))
+            point = StepPoint(int(record[keys.STEP]), float(record[keys.T]),
+                              _number(record.get(keys.DT)), _count(record.get(keys.SAMPLES)))
         except (KeyError, TypeError, ValueError):
             return
-        start = _number(self.meta.get("start"))
+        start = _number(self.meta.get(keys.START))
         if point.dt is not None and start is not None and abs(point.t - point.dt - start) < 1e-3:
             point = StepPoint(point.step, point.t, None, point.samples)  # timed from set-up
         self.points.append(point)
-        scalars = record.get("scalars")
-        loss = _number(scalars.get("loss")) if isinstance(scalars, Mapping) else None
+        scalars = record.get(keys.SCALARS)
+        loss = _number(scalars.get(LOSS)) if isinstance(scalars, Mapping) else None
         self.loss = loss if loss is not None else self.loss
 
     @property
     def node(self) -> str | None:
-        node = self.meta.get("node")
+        node = self.meta.get(keys.NODE)
         return str(node) if node else None
 
 

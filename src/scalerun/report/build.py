@@ -23,6 +23,7 @@ from scalerun.report.nodes import NodeStats, node_stats
 from scalerun.report.steps import WARMUP_STEPS, StepStats, rank_steps, run_steps
 from scalerun.report.verdicts import find_verdicts
 from scalerun.rundir import MONITOR, STEPS
+from scalerun.runtime import steplog_reader as keys
 
 
 def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
@@ -53,8 +54,8 @@ def rank_nodes(data: RunData) -> dict[int, str]:
             for entry in sample.ranks:
                 found[entry.rank] = name
     for rank, log in data.ranks.items():
-        if log.meta.get("node"):
-            found[rank] = str(log.meta["node"])
+        if log.meta.get(keys.NODE):
+            found[rank] = str(log.meta[keys.NODE])
     return found
 
 
@@ -76,10 +77,10 @@ def rank_report(rank: int, data: RunData, stats: StepStats | None, node_of: Mapp
     meta = data.ranks[rank].meta if rank in data.ranks else {}
     node = nodes.get(node_of.get(rank, ""))
     processes = next((p for p in node.ranks if p.rank == rank), None) if node else None
-    local = meta.get("local_rank", processes.local_rank if processes else None)
+    local = meta.get(keys.LOCAL_RANK, processes.local_rank if processes else None)
     on_node = sum(1 for r, n in node_of.items() if n == node_of.get(rank))
     gpu, match = gpu_of_rank(meta, local if isinstance(local, int) else None, node, on_node)
-    host = meta.get("host") or (node.host if node else None)
+    host = meta.get(keys.HOST) or (node.host if node else None)
     return RankReport(rank=rank, node=node_of.get(rank), host=str(host) if host else None,
                       steps=stats, gpu=gpu, gpu_match=match, processes=processes)
 
@@ -87,13 +88,13 @@ def rank_report(rank: int, data: RunData, stats: StepStats | None, node_of: Mapp
 def gpu_of_rank(meta: Mapping[str, Any], local_rank: int | None, node: NodeStats | None,
                 ranks_on_node: int) -> tuple[GpuStats | None, str | None]:
     """The rank's GPU and how it was found; (None, None) when it has none or it is unknown."""
-    if node is None or not node.gpus or str(meta.get("device", "")).startswith("cpu"):
+    if node is None or not node.gpus or str(meta.get(keys.DEVICE, "")).startswith("cpu"):
         return None, None
-    pci = str(meta.get("gpu_pci") or "").lower()
+    pci = str(meta.get(keys.GPU_PCI) or "").lower()
     by_pci = next((g for g in node.gpus if pci and (g.pci or "").lower() == pci), None)
     if by_pci is not None:
         return by_pci, "gpu_pci"
-    index = meta.get("gpu_index")
+    index = meta.get(keys.GPU_INDEX)
     by_index = next((g for g in node.gpus if isinstance(index, int) and g.index == index), None)
     if by_index is not None:
         return by_index, "gpu_index"
@@ -103,7 +104,7 @@ def gpu_of_rank(meta: Mapping[str, Any], local_rank: int | None, node: NodeStats
 
 
 def world_size(data: RunData) -> int | None:
-    sizes = [m.get("world_size") for m in (log.meta for log in data.ranks.values())]
+    sizes = [m.get(keys.WORLD_SIZE) for m in (log.meta for log in data.ranks.values())]
     sizes.append((data.run_info or {}).get("world_size"))
     numbers = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
     return max(numbers) if numbers else None

@@ -4,8 +4,8 @@ Why a loader of its own: a report is often asked for a run that went wrong (kill
 halfway, a node lost, monitoring off), so every part is optional and every file may end
 in a half line. This module decides what counts as a run directory (a folder with at
 least one of ``steps/``, ``monitor/`` or ``run.json``) and reads each file with the
-readers the rest of scalerun uses (:func:`scalerun.rundir.read_jsonl`,
-:func:`scalerun.scaling.results.step_records`, :func:`scalerun.monitor.records.parse_monitor`),
+readers the rest of scalerun uses (:func:`scalerun.runtime.steplog_reader.read_step_log`,
+:func:`scalerun.rundir.read_jsonl` and :func:`scalerun.monitor.records.parse_monitor`),
 so the report sees exactly the records the scaling study and the live monitor see.
 
 It never computes a statistic and never writes.
@@ -23,7 +23,7 @@ from scalerun.errors import ScalerunError
 from scalerun.monitor.records import Meta, Sample, parse_monitor
 from scalerun.redact import redact_data, secret_values
 from scalerun.rundir import MONITOR, RUN_FILE, STEPS, monitor_files, read_jsonl, step_logs
-from scalerun.scaling.results import step_records
+from scalerun.runtime.steplog_reader import read_step_log
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,8 @@ def read_run_info(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 def read_rank(rank: int, path: Path) -> RankLog:
-    records = read_jsonl(path)
-    meta = next((r for r in records if r.get("kind") == "meta"), {})
-    return RankLog(rank=rank, meta=meta, steps=step_records(records), path=path)
+    meta, steps = read_step_log(path)
+    return RankLog(rank=rank, meta=meta, steps=steps, path=path)
 
 
 def read_node(stem: str, path: Path) -> NodeLog:

@@ -23,6 +23,7 @@ from scalerun.report.gpus import GpuSeries, gpu_series
 from scalerun.report.load import NodeLog, RunData
 from scalerun.report.model import Report
 from scalerun.rundir import safe_name
+from scalerun.runtime import steplog_reader as keys
 
 MAX_NODES = 16
 """Timelines drawn at most; each PNG is about 60-120 kB, embedded in the HTML."""
@@ -123,7 +124,8 @@ def _node_cpu(ax: Any, origin: float, log: NodeLog) -> None:
 
 def _steps(ax: Any, origin: float, steps: dict[int, list[dict[str, Any]]]) -> None:
     for rank, records in sorted(steps.items()):
-        points = [(r["t"] - origin, r["dt"]) for r in records if isinstance(r.get("dt"), int | float)]
+        points = [(r[keys.T] - origin, r[keys.DT]) for r in records
+                  if isinstance(r.get(keys.DT), int | float)]
         marker = "." if len(points) <= MARKED_STEPS else None
         if points:
             ax.plot(*zip(*points, strict=True), linewidth=1, marker=marker, markersize=3, label=f"rank {rank}")
@@ -141,9 +143,9 @@ def shade_window(ax: Any, report: Report, node: str, origin: float) -> None:
 def time_origin(data: RunData) -> float:
     """The earliest time recorded anywhere in the run: the x axis starts there."""
     times = [s.t for log in data.nodes.values() for s in log.samples[:1]]
-    times += [float(log.meta["start"]) for log in data.ranks.values()
-              if isinstance(log.meta.get("start"), int | float)]
-    times += [float(log.steps[0]["t"]) for log in data.ranks.values() if log.steps]
+    times += [float(log.meta[keys.START]) for log in data.ranks.values()
+              if isinstance(log.meta.get(keys.START), int | float)]
+    times += [float(log.steps[0][keys.T]) for log in data.ranks.values() if log.steps]
     return min(times) if times else 0.0
 
 

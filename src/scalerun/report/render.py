@@ -1,10 +1,11 @@
 """``report.md`` and ``report.html`` from one list of sections.
 
 Why one document model: the Markdown and the HTML must say the same things, so both are
-rendered from the same :class:`~scalerun.scaling.report.Section` list (the scaling
-study's, so both reports look alike). The HTML is self-contained, its timelines embedded
-as base64 PNGs, so it can be mailed or attached to a ticket; the Markdown links the PNGs
-relatively (``report/<node>.png``), so the run directory can be moved.
+rendered from the same :class:`~scalerun.pages.Section` list (the pieces the scaling
+study's pages are made of too, so both reports look alike). The HTML is self-contained,
+its timelines embedded as base64 PNGs, so it can be mailed or attached to a ticket; the
+Markdown links the PNGs relatively (``report/<node>.png``), so the run directory can be
+moved.
 
 Pure: a report and the timelines' bytes in, text out.
 """
@@ -16,13 +17,13 @@ import html
 import re
 from collections.abc import Sequence
 
+from scalerun.pages import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import Report
 from scalerun.report.nodes import RankProcesses
 from scalerun.report.steps import StepStats
 from scalerun.report.summary import report_summary
 from scalerun.report.verdicts import gib, pct, seconds
-from scalerun.scaling.report import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
 
 Timeline = tuple[str, str, bytes]
 """(node, path relative to the report, PNG bytes)."""

@@ -2,10 +2,11 @@
 
 Why these definitions: a report compares ranks with each other and a run with its next
 run, so every number is the steady state (the first steps, with compilation, cache
-filling and the first all-reduce building its rings, are left out) and follows
-:mod:`scalerun.scaling.results`, whose helpers it calls: the time of a step is ``dt``;
-compute is forward + backward + optimizer minus the measured communication; other is
-what is left of ``dt`` after data, forward, backward and optimizer.
+filling and the first all-reduce building its rings, are left out) and follows the
+definitions of :mod:`scalerun.runtime.steplog_reader`, whose helpers it calls (as the
+scaling study does): the time of a step is ``dt``; compute is forward + backward +
+optimizer minus the measured communication; other is what is left of ``dt`` after data,
+forward, backward and optimizer.
 
 Two numbers are the report's own:
 
@@ -28,7 +29,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scalerun.scaling.results import json_number, rank_span, step_parts
+from scalerun.runtime import steplog_reader as keys
+from scalerun.runtime.steplog_reader import (
+    json_number,
+    rank_span,
+    seconds_of,
+    step_parts,
+    step_samples,
+)
 
 WARMUP_STEPS = 5
 """Steps left out at the start of each rank's log (``--warmup-steps``), as the scaling
@@ -77,14 +85,14 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
     warmup = warmup_for(len(records), wanted_warmup)
     steady = list(records[warmup:])
     parts = step_parts(steady)
-    samples = sum(int(json_number(r.get("samples")) or 0) for r in steady)
+    samples = step_samples(steady)
     span = rank_span(list(records), warmup)
     own, basis = own_time(steady)
-    end = float(records[-1]["t"])
+    end = float(records[-1][keys.T])
     return StepStats(
-        steps=len(records), last_step=_int(records[-1].get("step")), warmup_steps=warmup,
+        steps=len(records), last_step=_int(records[-1].get(keys.STEP)), warmup_steps=warmup,
         steady_steps=len(steady), step_s=parts["step_s"] or 0.0,
-        step_median_s=statistics.median(json_number(r.get("dt")) or 0.0 for r in steady),
+        step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
         comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=own, own_basis=basis,
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
@@ -93,11 +101,11 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
 
 def own_time(records: Sequence[Record]) -> tuple[float, str]:
     """Mean seconds of a rank's own work per step, and what it adds up."""
-    if any(json_number(r.get("comm_s")) is not None for r in records):
-        own = [sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
-               - (json_number(r.get("comm_s")) or 0.0) for r in records]
+    if any(json_number(r.get(keys.COMM_S)) is not None for r in records):
+        own = [seconds_of(r, keys.WORK_KEYS) - (json_number(r.get(keys.COMM_S)) or 0.0)
+               for r in records]
         return _mean([max(0.0, value) for value in own]), "compute"
-    own = [sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "opt_s")) for r in records]
+    own = [seconds_of(r, (keys.FWD_S, keys.OPT_S)) for r in records]
     return _mean(own), "forward + optimizer"
 
 
@@ -132,7 +140,7 @@ def run_steps(ranks: Mapping[int, StepStats | None], world_size: int | None) -> 
     """The run's numbers from each rank's; None when no rank has a step.
 
     The means are over every steady step of every rank (each rank weighted by its steady
-    steps), as :func:`scalerun.scaling.results.step_parts` takes them over pooled records.
+    steps), as :func:`scalerun.runtime.steplog_reader.step_parts` takes them over pooled records.
     """
     stats = {rank: s for rank, s in ranks.items() if s is not None}
     if not stats:

@@ -20,7 +20,7 @@ from scalerun.report.gpus import GpuStats
 from scalerun.report.model import SEVERITY_ORDER, RankReport, Verdict
 from scalerun.report.nodes import NodeStats
 from scalerun.report.steps import RunSteps
-from scalerun.runtime.steplog import FLUSH_EVERY_S
+from scalerun.runtime.steplog_reader import FLUSH_EVERY_S
 
 DATA_WAIT_SHARE = 0.15
 """A rank waiting for its next batch 15 % of the step loses that much of its GPU; well

@@ -13,6 +13,7 @@ from typing import Any
 
 from scalerun import profile
 from scalerun.plan import variables
+from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog import StepLog, current_log
 
 
@@ -23,12 +24,12 @@ def attach_step_log(strategy: Any) -> StepLog | None:
         return None
     params = list(strategy.unwrapped.parameters()) if strategy.unwrapped is not None else []
     trained = [p for p in params if p.requires_grad]
-    log.update_meta(
-        strategy=strategy.name,
-        params=sum(p.numel() for p in params),
-        grad_bytes=sum(p.numel() * p.element_size() for p in trained),
-        accumulation=strategy.accumulation,
-    )
+    log.update_meta(**{
+        keys.STRATEGY: strategy.name,
+        keys.PARAMS: sum(p.numel() for p in params),
+        keys.GRAD_BYTES: sum(p.numel() * p.element_size() for p in trained),
+        keys.ACCUMULATION: strategy.accumulation,
+    })
     strategy.measure_communication(log)
     return log
 

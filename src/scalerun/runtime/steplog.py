@@ -4,8 +4,9 @@ Why: "is my job fast, and if not, where does the time go?" needs the same few nu
 from every rank of every run: when each step ended, how long the rank waited for data,
 how long forward, backward and the optimizer took, how long gradients were in flight,
 how many samples it processed, and the user's own scalars (``scalerun.log(loss=...)``).
-``scalerun report``, ``scalerun monitor`` and ``scalerun scaling`` read them back
-(format: :mod:`scalerun.rundir`).
+``scalerun report``, ``scalerun monitor`` and ``scalerun scaling`` read them back with
+:mod:`scalerun.runtime.steplog_reader`, which holds the format and names every key this
+writer uses.
 
 What it must never do: slow the step it measures. On a GPU nothing here synchronises:
 phases are marked with CUDA events, and a step's record is written once its last event
@@ -25,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.rundir import append_jsonl
-
-FLUSH_EVERY_S = 5.0
-PHASES = ("fwd", "bwd", "opt")
+from scalerun.runtime import steplog_reader as keys
 
 
 class CpuMarks:
@@ -90,7 +89,7 @@ class StepLog:
     """This rank's step log; every method is cheap enough to call every step."""
 
     def __init__(self, path: Path, meta: Mapping[str, Any], *, marks: CpuMarks | CudaMarks,
-                 flush_every_s: float = FLUSH_EVERY_S, clock: Callable[[], float] = time.time,
+                 flush_every_s: float = keys.FLUSH_EVERY_S, clock: Callable[[], float] = time.time,
                  sink: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         self.path = path
         self.meta = dict(meta)
@@ -173,17 +172,18 @@ class StepLog:
 
     def _record(self, pending: PendingStep) -> dict[str, Any]:
         seconds = self.marks.seconds
-        record: dict[str, Any] = {"kind": "step", "step": pending.step, "t": round(pending.wall_end, 6)}
-        for phase in PHASES:
+        record: dict[str, Any] = {keys.KIND: keys.STEP_KIND, keys.STEP: pending.step,
+                                  keys.T: round(pending.wall_end, 6)}
+        for phase, key in keys.PHASE_KEYS.items():
             spans = pending.spans.get(phase, [])
-            record[f"{phase}_s"] = round(sum(seconds(a, b) for a, b in spans), 6) if spans else None
-        record["data_s"] = round(pending.data_s, 6)
+            record[key] = round(sum(seconds(a, b) for a, b in spans), 6) if spans else None
+        record[keys.DATA_S] = round(pending.data_s, 6)
         if pending.comm:
-            record["comm_s"] = round(comm_seconds(pending.comm, seconds), 6)
+            record[keys.COMM_S] = round(comm_seconds(pending.comm, seconds), 6)
         else:
-            record["comm_s"] = 0.0 if self.alone else None
-        record["samples"] = pending.samples
-        record["scalars"] = {name: as_number(value) for name, value in pending.scalars.items()}
+            record[keys.COMM_S] = 0.0 if self.alone else None
+        record[keys.SAMPLES] = pending.samples
+        record[keys.SCALARS] = {name: as_number(value) for name, value in pending.scalars.items()}
         return record
 
     def flush(self, *, everything: bool = False) -> None:
@@ -196,7 +196,7 @@ class StepLog:
         self._ready = []
         if records:
             self._compute_dt(records)
-        lines = ([] if self._meta_written else [{"kind": "meta", **self.meta}]) + records
+        lines = ([] if self._meta_written else [{keys.KIND: keys.META_KIND, **self.meta}]) + records
         if lines:
             append_jsonl(self.path, lines)
             self._meta_written = True
@@ -206,10 +206,10 @@ class StepLog:
 
     def _compute_dt(self, records: list[dict[str, Any]]) -> None:
         """Seconds since the previous step ended (the first step: since the log began)."""
-        previous = getattr(self, "_previous_t", self.meta.get("start"))
+        previous = getattr(self, "_previous_t", self.meta.get(keys.START))
         for record in records:
-            record["dt"] = round(record["t"] - previous, 6) if previous is not None else None
-            previous = record["t"]
+            record[keys.DT] = round(record[keys.T] - previous, 6) if previous is not None else None
+            previous = record[keys.T]
         self._previous_t = previous
 
     def close(self) -> None:
@@ -279,12 +279,14 @@ def _open_log() -> StepLog | None:
     import socket
 
     gpu = ctx.plan.gpu if ctx.plan is not None else None
-    meta = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
-            "node": node_name(), "host": socket.gethostname(), "device": str(ctx.device),
-            "gpu_index": gpu.physical if gpu is not None and ctx.device.type == "cuda" else None,
-            "gpu_pci": ctx.plan.binding.gpu_pci if ctx.plan and ctx.device.type == "cuda" else None,
-            "backend": ctx.backend, "cpus": _own_cpus(), "start": round(time.time(), 6), "version": 1}
-    marks = CudaMarks() if ctx.device.type == "cuda" else CpuMarks()
+    cuda = ctx.device.type == "cuda"
+    meta = {keys.RANK: ctx.rank, keys.WORLD_SIZE: ctx.world_size, keys.LOCAL_RANK: ctx.local_rank,
+            keys.NODE: node_name(), keys.HOST: socket.gethostname(), keys.DEVICE: str(ctx.device),
+            keys.GPU_INDEX: gpu.physical if gpu is not None and cuda else None,
+            keys.GPU_PCI: ctx.plan.binding.gpu_pci if ctx.plan and cuda else None,
+            keys.BACKEND: ctx.backend, keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
+            keys.VERSION: keys.FORMAT_VERSION}
+    marks = CudaMarks() if cuda else CpuMarks()
     from scalerun.runtime.tensorboard import sink_for_rank
 
     return StepLog(step_log_path(run_dir, ctx.rank), meta, marks=marks,

@@ -16,8 +16,7 @@ from typing import Any
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.rundir import TENSORBOARD
-
-TIMINGS = ("dt", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s")
+from scalerun.runtime import steplog_reader as keys
 
 
 def sink_for_rank(run_dir: Path, rank: int) -> Callable[[list[dict[str, Any]]], None] | None:
@@ -37,13 +36,14 @@ def sink_for_rank(run_dir: Path, rank: int) -> Callable[[list[dict[str, Any]]], 
 
 def write_records(writer: Any, records: list[dict[str, Any]]) -> None:
     for record in records:
-        step = record["step"]
-        for name, value in record.get("scalars", {}).items():
+        step = record[keys.STEP]
+        for name, value in record.get(keys.SCALARS, {}).items():
             if isinstance(value, int | float):
                 writer.add_scalar(name, value, step)
-        for name in TIMINGS:
+        for name in keys.TIMINGS:
             if isinstance(record.get(name), int | float):
                 writer.add_scalar(f"time/{name}", record[name], step)
-        if record.get("samples") and record.get("dt"):
-            writer.add_scalar("throughput/samples_per_s", record["samples"] / record["dt"], step)
+        samples, dt = record.get(keys.SAMPLES), record.get(keys.DT)
+        if samples and dt:
+            writer.add_scalar("throughput/samples_per_s", samples / dt, step)
     writer.flush()

@@ -3,7 +3,8 @@
 
 Why one document model: the Markdown and the HTML say the same things (verdicts, the
 table, the model, failures with their logs); both are rendered from the same list of
-sections, so they cannot drift apart. The HTML is self-contained (the plot is embedded),
+sections, so they cannot drift apart (the pieces, shared with the job report, are
+:mod:`scalerun.pages`'s). The HTML is self-contained (the plot is embedded),
 so it can be mailed or attached to a proposal; the Markdown links ``scaling.png``
 relatively, so the folder can be moved. Every file is written atomically.
 """
@@ -14,12 +15,12 @@ import base64
 import html
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from scalerun.files import write_text_atomic
+from scalerun.pages import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
 from scalerun.redact import redact_words, secret_values
 from scalerun.scaling.batches import ScalingError
 from scalerun.scaling.model import assumptions, largest_efficient
@@ -32,19 +33,6 @@ RESULTS_FILE = "results.json"
 PLOT_FILE = "scaling.png"
 MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"
-
-Table = tuple[list[str], list[list[str]]]
-CODE_SPAN = re.compile(r"`([^`]*)`")
-
-
-@dataclass(frozen=True)
-class Section:
-    """A titled part of the report: sentences, then optionally a table."""
-
-    title: str
-    lines: tuple[str, ...] = ()
-    table: Table | None = None
-
 
 @dataclass(frozen=True)
 class ReportFiles:
@@ -257,37 +245,3 @@ def render_html(summary: Summary, sections: list[Section], png: bytes | None) ->
 def _html_line(line: str) -> str:
     """Escaped text, with the Markdown code spans the lines use shown as code."""
     return CODE_SPAN.sub(r"<code>\1</code>", html.escape(line))
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table's lines (``|`` in a cell escaped); the job report uses it too."""
-    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(escape(c) for c in row) + " |" for row in rows)]
-
-
-def html_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """An escaped HTML table; the job report uses it too."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-HTML_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>
-body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; line-height: 1.4; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }}
-th:first-child, td:first-child, td:last-child {{ text-align: left; }}
-img {{ max-width: 100%; }}
-</style>
-</head>
-<body>
-{body}
-</body>
-</html>
-"""

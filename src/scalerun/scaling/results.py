@@ -8,19 +8,17 @@ state compared between sizes.
 Definitions (what the report's columns mean):
 
 - warm-up: the first ``warmup_steps`` step records of each rank's log, left out.
-- wall span of rank r: from the end of its last warm-up step (the ``t`` of that record;
-  ``t - dt`` of the first steady step when there is no warm-up) to the ``t`` of its last
-  steady step. Each span is read on one clock, so clock skew between nodes cannot enter.
+- wall span of rank r: from the end of its warm-up to the end of its last steady step, on
+  its own clock (:func:`scalerun.runtime.steplog_reader.rank_span` defines it).
 - samples per step (global): each logged rank's steady samples over its steady steps,
   summed (scaled like samples/s); compared with the global batch the study asked for.
 - samples/s (global): the steady samples of every logged rank, summed, divided by the
   longest wall span of a rank. Data-parallel ranks step together, so the slowest rank's
   span is the job's; when fewer ranks wrote logs than the world size, the sum is scaled
   by world / logged and a note says so.
-- time per step and its parts: means over every steady record of every rank; compute is
-  forward + backward + optimizer minus the measured communication (communication that
-  overlaps the backward pass is inside both, so it is taken out once); other is the part
-  of the step outside data, forward, backward and optimizer (logging, waiting).
+- time per step and its parts (data, compute, communication, other): means over every
+  steady record of every rank, as :func:`scalerun.runtime.steplog_reader.step_parts`
+  defines them; the job report uses the same definitions.
 - speed-up: samples/s over the samples/s of the smallest size that finished.
 - parallel efficiency: speed-up over the ideal speed-up n / n_base, the same formula for
   strong scaling (ideal: the fixed global batch goes n / n_base times faster) and weak
@@ -34,9 +32,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from scalerun.rundir import read_jsonl, step_logs
+from scalerun.rundir import step_logs
+from scalerun.runtime import steplog_reader as keys
+from scalerun.runtime.steplog_reader import (
+    final_scalars,
+    json_number,
+    rank_span,
+    read_step_log,
+    step_parts,
+    step_samples,
+)
 from scalerun.scaling.batches import ScalingError, Size
 
 LOSS_NAMES = ("loss", "train_loss", "train/loss")
@@ -117,9 +124,7 @@ def run_metrics(run_dir: Path, warmup_steps: int) -> RunMetrics:
         raise ScalingError(f"no step log in {run_dir / 'steps'}: does the script call scalerun's step log?")
     metas, steps = {}, {}
     for rank, path in logs.items():
-        records = read_jsonl(path)
-        metas[rank] = next((r for r in records if r.get("kind") == "meta"), {})
-        steps[rank] = step_records(records)
+        metas[rank], steps[rank] = read_step_log(path)
     steady = {rank: s[warmup_steps:] for rank, s in steps.items() if len(s) > warmup_steps}
     if not steady:
         most = max(len(s) for s in steps.values())
@@ -128,21 +133,13 @@ def run_metrics(run_dir: Path, warmup_steps: int) -> RunMetrics:
     return _metrics(metas, steps, steady, warmup_steps)
 
 
-def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The step records in step order; a step logged twice (a restart) keeps its last record."""
-    by_step: dict[Any, dict[str, Any]] = {}
-    for record in records:
-        if record.get("kind") == "step" and json_number(record.get("t")) is not None:
-            by_step[record.get("step", len(by_step))] = record
-    return sorted(by_step.values(), key=lambda r: (json_number(r.get("step")) or 0, r["t"]))
-
-
 def _metrics(metas: dict[int, dict], steps: dict[int, list], steady: dict[int, list],
              warmup_steps: int) -> RunMetrics:
-    world = max([int(m["world_size"]) for m in metas.values() if json_number(m.get("world_size"))] or [len(steps)])
+    sizes = [int(m[keys.WORLD_SIZE]) for m in metas.values() if json_number(m.get(keys.WORLD_SIZE))]
+    world = max(sizes or [len(steps)])
     spans = [rank_span(steps[rank], warmup_steps) for rank in steady]
     span = max(spans)
-    samples = sum(_samples(records) for records in steady.values())
+    samples = sum(step_samples(records) for records in steady.values())
     scale = world / len(steady)
     notes = [] if len(steady) >= world else [
         f"{len(steady)} of {world} ranks logged steady steps; samples/s assumes the others kept pace"]
@@ -151,7 +148,7 @@ def _metrics(metas: dict[int, dict], steps: dict[int, list], steady: dict[int, l
     return RunMetrics(
         world_size=world, ranks_logged=len(steady), steady_steps=min(len(s) for s in steady.values()),
         samples=samples, span_s=span, samples_per_s=samples * scale / span if span > 0 else 0.0,
-        samples_per_step=scale * sum(_samples(r) / len(r) for r in steady.values()),
+        samples_per_step=scale * sum(step_samples(r) / len(r) for r in steady.values()),
         **step_parts(records), grad_bytes=_grad_bytes(metas),
         loss=_first(scalars, LOSS_NAMES), accuracy=_first(scalars, ACCURACY_NAMES),
         scalars=scalars, notes=tuple(notes), crowded=crowded_nodes(metas))
@@ -162,85 +159,24 @@ def crowded_nodes(metas: dict[int, dict]) -> tuple[tuple[str, int, int], ...]:
     ranks: dict[str, int] = {}
     cpus: dict[str, set[int]] = {}
     for meta in metas.values():
-        own = meta.get("cpus")
+        own = meta.get(keys.CPUS)
         if not isinstance(own, list) or not own:
             continue  # an older log, or not Linux: nothing known
-        node = str(meta.get("node") or meta.get("host") or "?")
+        node = str(meta.get(keys.NODE) or meta.get(keys.HOST) or "?")
         ranks[node] = ranks.get(node, 0) + 1
         cpus.setdefault(node, set()).update(int(c) for c in own if isinstance(c, int))
     return tuple((node, ranks[node], len(cpus[node])) for node in sorted(ranks)
                  if ranks[node] > len(cpus[node]))
 
 
-def rank_span(records: list[dict[str, Any]], warmup_steps: int) -> float:
-    """Seconds from the end of the warm-up to the end of the last step, on this rank's clock."""
-    steady = records[warmup_steps:]
-    if warmup_steps > 0:
-        start = float(records[warmup_steps - 1]["t"])
-    else:
-        start = float(steady[0]["t"]) - (json_number(steady[0].get("dt")) or 0.0)
-    return max(0.0, float(steady[-1]["t"]) - start)
-
-
-def step_parts(records: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Mean time per step and its parts over ``records`` (see the module's definitions)."""
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values) if values else 0.0
-
-    comms = [c for c in (json_number(r.get("comm_s")) for r in records) if c is not None]
-    computes, others = [], []
-    for r in records:
-        work = sum(json_number(r.get(k)) or 0.0 for k in ("fwd_s", "bwd_s", "opt_s"))
-        computes.append(max(0.0, work - (json_number(r.get("comm_s")) or 0.0)))
-        others.append(max(0.0, (json_number(r.get("dt")) or 0.0) - work - (json_number(r.get("data_s")) or 0.0)))
-    return {"step_s": mean([json_number(r.get("dt")) or 0.0 for r in records]),
-            "data_s": mean([json_number(r.get("data_s")) or 0.0 for r in records]),
-            "compute_s": mean(computes), "comm_s": mean(comms) if comms else None,
-            "other_s": mean(others)}
-
-
-def final_scalars(steps: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
-    """The last logged value of every numeric scalar; the lowest rank that logged it wins.
-
-    Scripts often log the loss on rank 0 only, or a per-rank loss everywhere; rank 0's
-    value is the one a user saw printed.
-    """
-    found: dict[str, float] = {}
-    for rank in sorted(steps):
-        for name, value in _last_values(steps[rank]).items():
-            found.setdefault(name, value)
-    return found
-
-
-def _last_values(records: list[dict[str, Any]]) -> dict[str, float]:
-    last: dict[str, float] = {}
-    for record in records:
-        scalars = record.get("scalars")
-        for name, value in (scalars.items() if isinstance(scalars, dict) else ()):
-            number = json_number(value)
-            if number is not None:
-                last[str(name)] = number
-    return last
-
-
-def _samples(records: list[dict[str, Any]]) -> int:
-    return sum(int(json_number(r.get("samples")) or 0) for r in records)
-
-
 def _grad_bytes(metas: dict[int, dict]) -> int | None:
-    values = [int(m["grad_bytes"]) for _, m in sorted(metas.items()) if json_number(m.get("grad_bytes"))]
+    values = [int(m[keys.GRAD_BYTES]) for _, m in sorted(metas.items())
+              if json_number(m.get(keys.GRAD_BYTES))]
     return values[0] if values else None
 
 
 def _first(scalars: dict[str, float], names: tuple[str, ...]) -> float | None:
     return next((scalars[name] for name in names if name in scalars), None)
-
-
-def json_number(value: Any) -> float | None:
-    """A JSON number as float; None for null, text, booleans (the job report uses it too)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""The step log's record format, and reading a rank's log back into the numbers callers need.
+
+Why beside the writer: :mod:`scalerun.runtime.steplog` writes these records inside each
+rank; ``scalerun report``, ``scalerun scaling`` and ``scalerun monitor`` read them on a
+login node. Both sides spell every key with the constants below, so a key renamed here is
+renamed for the writer and every reader at once and cannot drift between them (as
+:mod:`scalerun.monitor.records` does for the monitor files).
+
+Format of ``RUN_DIR/steps/rank-<R>.jsonl`` (JSON Lines, one object per line, appended a
+few times a minute): a first meta line, then one step line per optimizer step::
+
+    {"kind": "meta", "rank": 0, "world_size": 8, "local_rank": 0, "node": "nid005529",
+     "host": "nid005529", "device": "cuda:0", "gpu_index": 0, "gpu_pci": "0000:10:00.0",
+     "backend": "nccl", "cpus": [0, 1, 2], "start": 1718000000.0, "version": 1,
+     "strategy": "ddp", "params": 1000000, "grad_bytes": 4000000, "accumulation": 1}
+    {"kind": "step", "step": 1, "t": 1718000010.2, "fwd_s": 0.03, "bwd_s": 0.06,
+     "opt_s": 0.01, "data_s": 0.005, "comm_s": 0.012, "samples": 32,
+     "scalars": {"loss": 2.31}, "dt": 10.2}
+
+Times are seconds; ``t`` and ``start`` are Unix times, ``t`` at the end of the step;
+``dt`` is the time since the previous step ended (the first step: since ``start``).
+Unknown values are ``null``: a phase the loop never marked, ``comm_s`` where the strategy
+does not time its collectives (``0.0`` when there is nothing to communicate), ``samples``
+where none were counted. The meta keys after ``version`` arrive once the model is
+wrapped; any may be missing in a log written by an older scalerun.
+
+Definitions the job report and the scaling study share (:func:`rank_span`,
+:func:`step_parts`):
+
+- wall span of a rank: from the end of its last warm-up step (the ``t`` of that record;
+  ``t - dt`` of the first steady step when there is no warm-up) to the ``t`` of its last
+  steady step. Each span is read on one clock, so clock skew between nodes cannot enter.
+- time per step and its parts: means over the records given; compute is forward +
+  backward + optimizer minus the measured communication (communication that overlaps the
+  backward pass is inside both, so it is taken out once); other is the part of the step
+  outside data, forward, backward and optimizer (logging, waiting).
+
+What it must never do: import torch (reports and studies are made on login nodes), write,
+or fail on a truncated last line (a killed job leaves one: it is skipped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from scalerun.rundir import read_jsonl
+
+FORMAT_VERSION = 1
+"""The meta line's ``version``."""
+FLUSH_EVERY_S = 5.0
+"""Seconds between the writer's flushes: how far apart the logs of a killed job's ranks end."""
+
+KIND = "kind"
+"""Every line's kind: :data:`META_KIND` or :data:`STEP_KIND`."""
+META_KIND = "meta"
+STEP_KIND = "step"
+
+# -- the meta line ----------------------------------------------------------------------
+RANK = "rank"
+WORLD_SIZE = "world_size"
+LOCAL_RANK = "local_rank"
+NODE = "node"
+"""SLURM's node name (the monitor files are named after it), else the host name."""
+HOST = "host"
+DEVICE = "device"
+GPU_INDEX = "gpu_index"
+GPU_PCI = "gpu_pci"
+BACKEND = "backend"
+CPUS = "cpus"
+"""The CPUs the rank may run on, after binding (null where not Linux)."""
+START = "start"
+VERSION = "version"
+STRATEGY = "strategy"
+PARAMS = "params"
+GRAD_BYTES = "grad_bytes"
+ACCUMULATION = "accumulation"
+
+# -- a step line ------------------------------------------------------------------------
+STEP = "step"
+"""The optimizer step number."""
+T = "t"
+DT = "dt"
+DATA_S = "data_s"
+FWD_S = "fwd_s"
+BWD_S = "bwd_s"
+OPT_S = "opt_s"
+COMM_S = "comm_s"
+SAMPLES = "samples"
+SCALARS = "scalars"
+PHASE_KEYS = {"fwd": FWD_S, "bwd": BWD_S, "opt": OPT_S}
+"""The writer's phase names (``StepLog.begin("fwd")``) and the keys of their seconds."""
+WORK_KEYS = tuple(PHASE_KEYS.values())
+TIMINGS = (DT, DATA_S, FWD_S, BWD_S, OPT_S, COMM_S)
+"""Every key that holds seconds of a step."""
+
+Record = Mapping[str, Any]
+
+
+def read_step_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A rank's meta line (``{}`` when it was cut off) and its step records in step order."""
+    records = read_jsonl(path)
+    return meta_record(records), step_records(records)
+
+
+def meta_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The first meta line of ``records``; ``{}`` when there is none."""
+    return next((r for r in records if r.get(KIND) == META_KIND), {})
+
+
+def step_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step records in step order; a step logged twice (a restart) keeps its last record."""
+    by_step: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        if record.get(KIND) == STEP_KIND and json_number(record.get(T)) is not None:
+            by_step[record.get(STEP, len(by_step))] = record
+    return sorted(by_step.values(), key=lambda r: (json_number(r.get(STEP)) or 0, r[T]))
+
+
+def rank_span(records: Sequence[Record], warmup_steps: int) -> float:
+    """Seconds from the end of the warm-up to the end of the last step, on this rank's clock."""
+    steady = records[warmup_steps:]
+    if warmup_steps > 0:
+        start = float(records[warmup_steps - 1][T])
+    else:
+        start = float(steady[0][T]) - (json_number(steady[0].get(DT)) or 0.0)
+    return max(0.0, float(steady[-1][T]) - start)
+
+
+def step_parts(records: Sequence[Record]) -> dict[str, float | None]:
+    """Mean time per step and its parts over ``records`` (see the module's definitions).
+
+    The result's keys are :class:`scalerun.scaling.results.RunMetrics`'s field names
+    (``step_s``, ``data_s``, ``compute_s``, ``comm_s``, ``other_s``), not record keys.
+    """
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    comms = [c for c in (json_number(r.get(COMM_S)) for r in records) if c is not None]
+    computes, others = [], []
+    for r in records:
+        work = seconds_of(r, WORK_KEYS)
+        computes.append(max(0.0, work - (json_number(r.get(COMM_S)) or 0.0)))
+        others.append(max(0.0, (json_number(r.get(DT)) or 0.0) - work
+                          - (json_number(r.get(DATA_S)) or 0.0)))
+    return {"step_s": mean([json_number(r.get(DT)) or 0.0 for r in records]),
+            "data_s": mean([json_number(r.get(DATA_S)) or 0.0 for r in records]),
+            "compute_s": mean(computes), "comm_s": mean(comms) if comms else None,
+            "other_s": mean(others)}
+
+
+def seconds_of(record: Record, keys: Sequence[str]) -> float:
+    """The seconds under ``keys`` of one step record, added up (a missing or null one is 0)."""
+    return sum(json_number(record.get(key)) or 0.0 for key in keys)
+
+
+def step_samples(records: Sequence[Record]) -> int:
+    """Samples counted over ``records`` (a step that counted none adds 0)."""
+    return sum(int(json_number(r.get(SAMPLES)) or 0) for r in records)
+
+
+def final_scalars(steps: Mapping[int, Sequence[Record]]) -> dict[str, float]:
+    """The last logged value of every numeric scalar; the lowest rank that logged it wins.
+
+    Scripts often log the loss on rank 0 only, or a per-rank loss everywhere; rank 0's
+    value is the one a user saw printed.
+    """
+    found: dict[str, float] = {}
+    for rank in sorted(steps):
+        for name, value in last_scalars(steps[rank]).items():
+            found.setdefault(name, value)
+    return found
+
+
+def last_scalars(records: Sequence[Record]) -> dict[str, float]:
+    """The last numeric value of each scalar one rank logged (text and booleans skipped)."""
+    last: dict[str, float] = {}
+    for record in records:
+        scalars = record.get(SCALARS)
+        for name, value in (scalars.items() if isinstance(scalars, dict) else ()):
+            number = json_number(value)
+            if number is not None:
+                last[str(name)] = number
+    return last
+
+
+def json_number(value: Any) -> float | None:
+    """A JSON number as float; None for null, text, booleans."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

@@ -1,0 +1,180 @@
+"""The step log read back: what the real writer wrote, the reader returns, cut lines and all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerun.rundir import append_jsonl, read_jsonl, step_log_path
+from scalerun.runtime import steplog_reader as keys
+from scalerun.runtime.steplog import CpuMarks, StepLog
+from scalerun.runtime.steplog_reader import (
+    final_scalars,
+    json_number,
+    meta_record,
+    rank_span,
+    read_step_log,
+    step_parts,
+    step_records,
+    step_samples,
+)
+from tests.monitor.fakes import FakeClock
+
+START = 1_000.0
+META = {"rank": 0, "world_size": 2, "local_rank": 0, "node": "node0", "start": START}
+# Seconds per step, all exact in binary: data, forward, backward (of which the middle
+# half is the all-reduce), optimizer; a step is 1 s, nothing else.
+DATA_S, FWD_S, BWD_S, COMM_S, OPT_S = 0.125, 0.25, 0.5, 0.25, 0.125
+SAMPLES = 8
+STEP_KEYS = {keys.KIND, keys.STEP, keys.T, keys.DT, keys.DATA_S, keys.FWD_S, keys.BWD_S,
+             keys.OPT_S, keys.COMM_S, keys.SAMPLES, keys.SCALARS}
+
+
+class ClockMarks(CpuMarks):
+    """CpuMarks on the test's clock, so that every second is exact."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def mark(self) -> float:
+        return self.clock.now
+
+
+def write_steps(path: Path, clock: FakeClock, steps: range, meta: dict | None = None) -> None:
+    """Steps as wrap() makes them, each logging its loss after ``step()``, then closed."""
+    marks = ClockMarks(clock)
+    log = StepLog(path, meta or META, marks=marks, clock=clock, flush_every_s=1e9)
+    for step in steps:
+        clock.now += DATA_S
+        log.waited_for_data(DATA_S)
+        for phase, seconds in (("fwd", FWD_S), ("bwd", BWD_S), ("opt", OPT_S)):
+            log.begin(phase)
+            if phase == "bwd":
+                comm_start = clock.now + (BWD_S - COMM_S) / 2
+                log.communication(comm_start, comm_start + COMM_S)
+            clock.now += seconds
+            log.end(phase)
+        log.samples(SAMPLES)
+        log.end_step(step)
+        log.scalars(loss=1.0 / step, note="text")
+    log.close()
+
+
+def test_what_the_writer_writes_is_read_back(tmp_path: Path) -> None:
+    path = step_log_path(tmp_path, 0)
+    write_steps(path, FakeClock(START), range(1, 4))
+    with open(path, "a") as handle:
+        handle.write('{"kind": "step", "step": 4, "t": 10')  # killed while writing
+    meta, steps = read_step_log(path)
+    assert meta == {keys.KIND: keys.META_KIND, **META}
+    assert [set(record) for record in steps] == [STEP_KEYS] * 3
+    assert [(r[keys.STEP], r[keys.T], r[keys.DT]) for r in steps] == [
+        (1, 1001.0, 1.0), (2, 1002.0, 1.0), (3, 1003.0, 1.0)]
+    assert {(r[keys.DATA_S], r[keys.FWD_S], r[keys.BWD_S], r[keys.OPT_S], r[keys.COMM_S],
+             r[keys.SAMPLES]) for r in steps} == {(DATA_S, FWD_S, BWD_S, OPT_S, COMM_S, SAMPLES)}
+    assert [r[keys.SCALARS] for r in steps] == [{"loss": 1.0, "note": "text"},
+                                               {"loss": 0.5, "note": "text"},
+                                               {"loss": 1 / 3, "note": "text"}]
+
+
+def test_the_numbers_of_a_written_log(tmp_path: Path) -> None:
+    path = step_log_path(tmp_path, 0)
+    write_steps(path, FakeClock(START), range(1, 4))
+    _, steps = read_step_log(path)
+    assert step_parts(steps) == {"step_s": 1.0, "data_s": DATA_S,
+                                 "compute_s": FWD_S + BWD_S + OPT_S - COMM_S,
+                                 "comm_s": COMM_S, "other_s": 0.0}
+    assert (rank_span(steps, 0), rank_span(steps, 1), rank_span(steps, 2)) == (3.0, 2.0, 1.0)
+    assert step_samples(steps) == 3 * SAMPLES
+    assert final_scalars({1: steps, 0: steps[:1]}) == {"loss": 1.0}  # rank 0's last value wins
+
+
+def test_a_restarted_rank_keeps_each_steps_last_record(tmp_path: Path) -> None:
+    path = step_log_path(tmp_path, 0)
+    clock = FakeClock(START)
+    write_steps(path, clock, range(1, 4))
+    write_steps(path, clock, range(3, 5), meta={**META, "start": clock.now})  # resumed at 3
+    assert [r[keys.KIND] for r in read_jsonl(path)] == ["meta", "step", "step", "step",
+                                                        "meta", "step", "step"]
+    meta, steps = read_step_log(path)
+    assert meta[keys.START] == START  # the first meta line
+    assert [(r[keys.STEP], r[keys.T]) for r in steps] == [(1, 1001.0), (2, 1002.0), (3, 1004.0),
+                                                          (4, 1005.0)]
+
+
+def test_real_cpu_marks_time_the_phases(tmp_path: Path) -> None:
+    path = step_log_path(tmp_path, 0)
+    log = StepLog(path, {"start": time.time()}, marks=CpuMarks(), flush_every_s=1e9)
+    log.alone = True  # one rank: nothing to communicate
+    for step in (1, 2):
+        log.begin("fwd")
+        time.sleep(0.02)
+        log.end("fwd")
+        log.end_step(step)
+    log.close()
+    _, steps = read_step_log(path)
+    assert [r[keys.STEP] for r in steps] == [1, 2]
+    assert all(r[keys.FWD_S] >= 0.02 and r[keys.DT] >= r[keys.FWD_S] for r in steps)
+    assert {(r[keys.BWD_S], r[keys.OPT_S], r[keys.COMM_S], r[keys.SAMPLES]) for r in steps} == {
+        (None, None, 0.0, None)}
+
+
+def test_a_log_cut_before_its_meta_line_ends(tmp_path: Path) -> None:
+    path = step_log_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"kind": "meta", "rank"')
+    assert read_step_log(path) == ({}, [])
+    assert read_step_log(tmp_path / "missing.jsonl") == ({}, [])
+
+
+@pytest.mark.parametrize(
+    ("records", "steps"),
+    [
+        # (records of one log) -> step numbers read, in order
+        ([{"kind": "step", "step": 2, "t": 2.0}, {"kind": "step", "step": 1, "t": 1.0}], [1, 2]),
+        ([{"kind": "step", "step": 1, "t": None}, {"kind": "step", "step": 2, "t": "2"}], []),
+        ([{"kind": "meta", "t": 1.0}, {"kind": "sample", "t": 1.0}], []),
+        ([{"kind": "step", "step": 1, "t": 5.0}, {"kind": "step", "step": 1, "t": 3.0}], [1]),
+    ],
+)
+def test_step_records(records: list[dict], steps: list[int]) -> None:
+    assert [r[keys.STEP] for r in step_records(records)] == steps
+
+
+def test_meta_record_is_the_first_meta_line() -> None:
+    records = [{"kind": "step", "step": 1, "t": 1.0}, {"kind": "meta", "rank": 1},
+               {"kind": "meta", "rank": 2}]
+    assert meta_record(records) == {"kind": "meta", "rank": 1}
+    assert meta_record([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [(1, 1.0), (0.5, 0.5), (True, None), (None, None), ("1.5", None), ([1], None)],
+)
+def test_json_number(value: object, number: float | None) -> None:
+    assert json_number(value) == number
+
+
+def test_unmeasured_parts_are_zero_and_unknown_communication_none(tmp_path: Path) -> None:
+    append_jsonl(step_log_path(tmp_path, 0), [
+        {"kind": "step", "step": 1, "t": 11.0, "dt": 2.0, "fwd_s": 1.0, "comm_s": None},
+        {"kind": "step", "step": 2, "t": 12.0, "dt": 1.0, "fwd_s": None, "data_s": 0.5}])
+    _, steps = read_step_log(step_log_path(tmp_path, 0))
+    assert step_parts(steps) == {"step_s": 1.5, "data_s": 0.25, "compute_s": 0.5, "comm_s": None,
+                                 "other_s": 0.75}
+    assert step_samples(steps) == 0
+    assert step_parts([]) == {"step_s": 0.0, "data_s": 0.0, "compute_s": 0.0, "comm_s": None,
+                              "other_s": 0.0}
+
+
+def test_the_readers_import_no_torch() -> None:
+    """``scalerun report`` and ``scalerun scaling`` run on login nodes without torch."""
+    code = ("import sys, scalerun.runtime.steplog_reader, scalerun.report, scalerun.report.render, "
+            "scalerun.scaling, scalerun.scaling.report; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
