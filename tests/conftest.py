@@ -1,5 +1,7 @@
-"""Shared test plumbing: a CPU-only world by default, GPU tests on request, and the SLURM
-test cluster plugin (started only for ``slurm`` tests).
+"""Shared test plumbing: a CPU-only world by default, GPU tests on request, the SLURM
+test cluster plugin (started only for ``slurm`` tests) and the container stand-in's
+fixture ``container_standin`` (an image with torch only, run under bubblewrap; see
+tests/container/standin.py).
 
 Why hide GPUs: users run this suite on their GPU nodes, and it must pass there as on a
 laptop. A multi-rank test that saw one GPU would pick NCCL and put two ranks on it. So the
@@ -21,7 +23,7 @@ import tempfile
 
 import pytest
 
-pytest_plugins = ["tests.slurm_fixture"]
+pytest_plugins = ["tests.slurm_fixture", "tests.container.standin"]
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 SAVED = "SCALERUN_TEST_MACHINE_VISIBILITY"
