@@ -21,7 +21,7 @@ import pytest
 
 import scalerun
 from scalerun.launch.container import exec_words
-from scalerun.plan.job import Container
+from scalerun.plan.launch import ContainerEntry as Container
 from tests.container.runtime import IMAGE_FILE
 from tests.container.standin import (
     SITE_PACKAGES,

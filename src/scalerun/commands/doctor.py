@@ -49,7 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     local = p.add_argument_group("local processes")
     local.add_argument("--nproc-per-node", type=int, metavar="N",
                        help="ranks on this machine (default 1); with SLURM flags: ranks per node")
-    launch_flags.add_slurm_arguments(p, modes=backend_named("slurm").modes)
+    launch_flags.add_mode_argument(p, backend_named("slurm").modes)
+    launch_flags.add_slurm_arguments(p)
     launch_flags.add_run_dir_argument(p)
     p.set_defaults(func=run)
     return p

@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="FILE",
         help="write the script here ('-' for stdout) instead of RUN_DIR/job.sbatch",
     )
-    flags.add_slurm_arguments(p, modes=backend_named("slurm").modes)
+    flags.add_mode_argument(p, backend_named("slurm").modes)
+    flags.add_slurm_arguments(p)
     flags.add_observe_arguments(p)
     flags.add_program_arguments(p, with_entry_flags=True)
     p.set_defaults(func=run)

@@ -94,15 +94,12 @@ def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
         f"scalerun doctor as ${variables.DEEPSPEED_CONFIG}")
 
 
-def add_slurm_arguments(parser: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> None:
+def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     """The SLURM flags (``launch``'s, ``jobscript``'s and ``doctor``'s), and the binding,
     time-limit, hang and container flags that go with them."""
     job = parser.add_argument_group("SLURM (any of these makes it a SLURM launch)")
     job.add_argument("--nodes", type=int, help="nodes to run on")
     job.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the site's)")
-    job.add_argument("--mode", choices=modes,
-                     help="srun: one task per GPU (default); torchrun: one per node; mpirun: "
-                     "Open MPI's mpirun on this machine")
     add_site_argument(job)
     job.add_argument("--partition", help="SLURM partition (default: the site's)")
     job.add_argument("--account", help="billing account")
@@ -135,6 +132,13 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, modes: tuple[str, ..
     add_time_limit_arguments(parser)
     add_hang_argument(parser)
     add_container_arguments(parser)
+
+
+def add_mode_argument(parser: argparse.ArgumentParser, modes: Mapping[str, str]) -> None:
+    """``--mode``: each mode the command offers and what it does, as the backends say
+    (:func:`scalerun.launch.backend.all_modes`); a new backend's modes appear by themselves."""
+    parser.add_argument("--mode", choices=tuple(modes),
+                        help="how the ranks start: " + "; ".join(f"{m}: {h}" for m, h in modes.items()))
 
 
 def add_binding_arguments(parser: argparse.ArgumentParser) -> None:

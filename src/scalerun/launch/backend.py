@@ -33,8 +33,9 @@ class Backend(Protocol):
     """What the launch pipeline needs from a launcher."""
 
     name: str
-    modes: tuple[str, ...]
-    """The ``--mode`` values this backend owns (``scalerun launch --mode`` lists them all)."""
+    modes: Mapping[str, str]
+    """The ``--mode`` values this backend owns, each with one line of help
+    (``scalerun launch --mode`` offers them all, in registry order)."""
     allocates_nodes: bool
     """True when the backend asks a site for nodes (the site's GPUs per node then apply);
     False when it runs on this machine."""
@@ -79,6 +80,6 @@ def backend_named(name: str) -> Backend:
     raise LaunchError(f"no launcher backend called {name!r}")
 
 
-def all_modes() -> tuple[str, ...]:
-    """Every ``--mode`` value, backend by backend."""
-    return tuple(mode for backend in backends() for mode in backend.modes)
+def all_modes() -> dict[str, str]:
+    """Every ``--mode`` value and its help, backend by backend."""
+    return {mode: text for backend in backends() for mode, text in backend.modes.items()}

@@ -13,7 +13,7 @@ static multi-node job started by hand (``--nnodes``/``--node-rank``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scalerun.launch.local.job import LocalJob, make_job, show
 from scalerun.plan.launch import LaunchPlan
@@ -23,7 +23,7 @@ from scalerun.plan.request import LaunchRequest
 @dataclass(frozen=True)
 class LocalBackend:
     name: str = "local"
-    modes: tuple[str, ...] = ()
+    modes: Mapping[str, str] = field(default_factory=dict)
     allocates_nodes: bool = False
 
     def takes(self, request: LaunchRequest) -> bool:

@@ -14,7 +14,7 @@ default) and ``torchrun`` (one task per node that starts the node's ranks).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scalerun.launch.slurm.job import MODES, SlurmJob, make_job
 from scalerun.launch.slurm.render import render_sbatch
@@ -25,7 +25,9 @@ from scalerun.plan.request import LaunchRequest
 @dataclass(frozen=True)
 class SlurmBackend:
     name: str = "slurm"
-    modes: tuple[str, ...] = MODES
+    modes: Mapping[str, str] = field(default_factory=lambda: {
+        MODES[0]: "one SLURM task per GPU, bound by srun (default on SLURM)",
+        MODES[1]: "one SLURM task per node, whose torchrun starts the node's ranks"})
     allocates_nodes: bool = True
 
     def takes(self, request: LaunchRequest) -> bool:
