@@ -1,5 +1,6 @@
 """What a launcher does on its machine so that a run can be watched: create the run
-directory and record what was launched, and start the node sampler beside local rank 0.
+directory and record what was launched, start the node sampler beside local rank 0, and
+say at the end what the run directory holds (the report's summary, a hang's stacks).
 
 Why one module: local launches and ``scalerun exec`` (the wrapper of every SLURM task) start
 the same sampler and leave the same run directory behind (:mod:`scalerun.rundir`). The
@@ -72,3 +73,33 @@ def start_sampler_for_task(environ: Mapping[str, str]) -> None:
     if run_dir is None or environ.get("SLURM_LOCALID", "0").strip() != "0":
         return
     start_sampler(run_dir, os.getpid(), environ)
+
+
+# ---------------------------------------------------------------------------
+# After the ranks: what the run directory says
+# ---------------------------------------------------------------------------
+
+
+def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
+    """The closing error: when the ranks' hang watchdogs ended the run, the two lines of
+    the hang (which ranks waited in a collective, which did not, where the stacks are)
+    instead of "rank R failed with exit code 124"; else the failed ranks."""
+    from scalerun.launch.hang import hang_lines
+    from scalerun.runtime.hang import HANG_EXIT_CODE
+
+    ended_by_watchdog = code == HANG_EXIT_CODE or f"exit code {HANG_EXIT_CODE}" in (failure or "")
+    hang = hang_lines(run_dir, since) if failure and ended_by_watchdog else []
+    if hang:
+        return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
+    return [failure] if failure else []
+
+
+def closing_summary(run_dir: Path) -> list[str]:
+    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
+    from scalerun.launch.debug import findings
+
+    try:
+        from scalerun.report import summary_lines
+    except ImportError:
+        return [*findings(run_dir), f"report: scalerun report {run_dir}"]
+    return [*summary_lines(run_dir), *findings(run_dir), f"report: scalerun report {run_dir}"]

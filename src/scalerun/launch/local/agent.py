@@ -17,13 +17,18 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local import tail
 from scalerun.launch.local.job import LocalJob, rank_environment
-from scalerun.launch.observe import prepare_run_dir, start_sampler, stop_sampler
+from scalerun.launch.observe import (
+    closing_summary,
+    failure_lines,
+    prepare_run_dir,
+    start_sampler,
+    stop_sampler,
+)
 from scalerun.redact import redact_words, secret_values
 
 
@@ -63,31 +68,6 @@ def _observed(job: LocalJob) -> int:
         for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
             print(line, file=sys.stderr, flush=True)
     return code
-
-
-def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
-    """The closing error: when the ranks' hang watchdogs ended the run, the two lines of
-    the hang (which ranks waited in a collective, which did not, where the stacks are)
-    instead of "rank R failed with exit code 124"; else the failed ranks."""
-    from scalerun.launch.hang import hang_lines
-    from scalerun.runtime.hang import HANG_EXIT_CODE
-
-    ended_by_watchdog = code == HANG_EXIT_CODE or f"exit code {HANG_EXIT_CODE}" in (failure or "")
-    hang = hang_lines(run_dir, since) if failure and ended_by_watchdog else []
-    if hang:
-        return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
-    return [failure] if failure else []
-
-
-def closing_summary(run_dir: Path) -> list[str]:
-    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
-    from scalerun.launch.debug import findings
-
-    try:
-        from scalerun.report import summary_lines
-    except ImportError:
-        return [*findings(run_dir), f"report: scalerun report {run_dir}"]
-    return [*summary_lines(run_dir), *findings(run_dir), f"report: scalerun report {run_dir}"]
 
 
 def _run(job: LocalJob) -> tuple[int, str | None]:
