@@ -335,17 +335,24 @@ def node_states(spec: ClusterSpec) -> dict[str, str]:
     return dict(line.split() for line in done.stdout.splitlines() if line.strip())
 
 
-def wait_idle(spec: ClusterSpec, timeout_s: float = 60.0) -> None:
+SERVING = frozenset({"idle", "mix", "alloc", "comp"})
+"""Node states of a node that takes jobs: idle, or busy with another session's jobs."""
+
+
+def wait_idle(spec: ClusterSpec, timeout_s: float = 60.0, *, busy_ok: bool = False) -> None:
+    """Wait until every node is idle; with ``busy_ok`` (a session joining a cluster that
+    others use) until every node serves, idle or running their jobs."""
+    wanted = SERVING if busy_ok else {"idle"}
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = node_states(spec)
-        if len(states) == spec.nodes and all(s.rstrip("*") == "idle" for s in states.values()):
+        if len(states) == spec.nodes and all(s.rstrip("*") in wanted for s in states.values()):
             return
         time.sleep(0.3)
     raise ClusterError(
-        f"nodes not idle after {timeout_s:.0f} s (sinfo: {states or 'no answer'}); "
-        f"see the logs in {spec.root}/log"
+        f"nodes not {'serving' if busy_ok else 'idle'} after {timeout_s:.0f} s (sinfo: "
+        f"{states or 'no answer'}); see the logs in {spec.root}/log"
     )
 
 
@@ -448,7 +455,7 @@ def _up(spec: ClusterSpec, owner: str) -> bool:
     if is_up(spec) and state is not None:
         if owner == "cli" and state.owner != "cli":  # a person wants it kept after the tests
             replace(state, owner="cli").save(spec.state_file)
-        wait_idle(spec)
+        wait_idle(spec, busy_ok=True)  # other sessions may be running jobs on it
         return False
     require_root()
     users = live_users(spec.root)

@@ -148,7 +148,13 @@ def run_script(job: SlurmJob, folder: Path) -> tuple[list[str], list[str], dict[
 @given(launches())
 def test_every_word_and_variable_arrives_unchanged(case: tuple[LaunchRequest, SiteProfile]) -> None:
     request, site = case
-    job = slurm_job(request, site, host_python="pyhost")
+    try:
+        job = slurm_job(request, site, host_python="pyhost")
+    except LaunchError as error:  # a container's runtime cannot bind a path with ':' or ','
+        assert request.container and set(str(request.observe.run_dir)) & {":", ","}
+        assert "cannot be bound into the container" in str(error) and "\n" not in str(error)
+        event("refused: a run directory a container cannot bind")
+        return
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         try:

@@ -42,11 +42,13 @@ def test_a_scalerun_program_starts_as_torchrun_would(tmp_path: Path) -> None:
     assert words[-1] == "train.py"
 
 
-def test_in_a_container_the_workers_are_not_wrapped(tmp_path: Path) -> None:
-    """The image's python may lack scalerun (srun mode's exec runs outside the image)."""
+def test_in_a_container_the_workers_are_bound_by_the_images_python(tmp_path: Path) -> None:
+    """Issue 17: scalerun is brought into the image, so a program that does not call
+    init() is bound there too, by ``scalerun exec --bind`` under the image's python."""
     words = job_words(tmp_path, calls_init=False, container="/images/pytorch.sif",
-                      container_runtime="singularity")
-    assert "--bind" not in words and words[-1] == "train.py"
+                      container_runtime="singularity", script_args=("--lr", "1"))
+    start = words.index("--no-python")
+    assert words[start:] == [*EXEC_BIND, "python", "-u", "train.py", "--lr", "1"]
 
 
 @pytest.mark.parametrize(("source", "expected"), [

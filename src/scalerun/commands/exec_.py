@@ -71,6 +71,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="also apply the rank's CPU set and memory node, as scalerun.init() would (for "
         "programs that do not call it, under launchers that do not bind: torchrun)",
     )
+    p.add_argument(
+        "--host-side",
+        action="store_true",
+        help="in front of a container runtime: only start this node's sampler (beside local "
+        "rank 0), then run CMD; the rank's variables are decided by scalerun exec inside the "
+        "image, with the image's versions",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every variable set")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=run)
@@ -200,14 +207,17 @@ def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise LaunchError("scalerun exec needs a command: scalerun exec -- python train.py")
+    if args.host_side:
+        _start_sampler(os.environ)
+        exec_command(command, {})
     added, kept = exported_env(os.environ, args.env, torchrun_agent=args.torchrun_agent)
     added.update(decided_env({**os.environ, **added}, bind=args.bind))
     environ = {**os.environ, **added}
     command = profiled(command, environ)
-    if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:  # a SLURM task (srun step)
-        from scalerun.launch.observe import start_sampler_for_task
-
-        start_sampler_for_task(environ)
+    if not in_image(environ):  # in an image, the host side started it (--host-side)
+        _start_sampler(environ)
+    else:
+        _note_another_version(environ)
     from scalerun.redact import redact_text, secret_values
 
     secrets = secret_values(environ)  # a user's value may be, or hold, a token
@@ -217,3 +227,38 @@ def run(args: argparse.Namespace) -> int:
         shown = " ".join(f"{k}={v}" for k, v in added.items())
         print(f"scalerun exec: {redact_text(shown, secrets)}", file=sys.stderr)
     exec_command(command, added)
+
+
+def _start_sampler(environ: Mapping[str, str]) -> None:
+    """In a SLURM task (srun step), local rank 0 of each node starts the node's sampler."""
+    if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:
+        from scalerun.launch.observe import start_sampler_for_task
+
+        start_sampler_for_task(environ)
+
+
+def in_image(environ: Mapping[str, str]) -> bool:
+    """True when this exec runs inside a container whose scalerun the job brought in
+    (:func:`scalerun.plan.launch.brought_into_image`): it runs from that folder."""
+    from scalerun.plan.launch import BROUGHT_TARGET
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return here == os.path.join(BROUGHT_TARGET, "scalerun")
+
+
+def _note_another_version(environ: Mapping[str, str]) -> None:
+    """One line per node where the image has a scalerun of its own that is not this one:
+    the job's (the host's) is the one that runs, so the job script and the ranks agree."""
+    from importlib import metadata
+
+    from scalerun.version import __version__
+
+    if environ.get("SLURM_LOCALID", environ.get("LOCAL_RANK", "0")).strip() != "0":
+        return
+    try:
+        theirs = metadata.version("scalerun")
+    except metadata.PackageNotFoundError:
+        return
+    if theirs != __version__:
+        print(f"scalerun exec: the image has scalerun {theirs}; the job's scalerun {__version__} "
+              "runs instead (it is first on the image's path)", file=sys.stderr)

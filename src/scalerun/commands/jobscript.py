@@ -41,11 +41,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from scalerun.launch.backend import backend_named
+    from scalerun.launch.observe import write_run_files
     from scalerun.launch.slurm.submit import write_script
 
     request = flags.request_from_args(args, os.environ, slurm=True)
     backend = backend_named("slurm")
-    text = backend.show(flags.job_of(request, backend))
+    job = flags.job_of(request, backend)
+    text = backend.show(job)
+    if args.out != "-":  # the job reads them from its run directory, wherever the script goes
+        write_run_files(job.plan.run_files)
     if args.out == "-":
         sys.stdout.write(text)
         return 0

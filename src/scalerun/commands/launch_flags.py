@@ -355,7 +355,30 @@ def container_from_args(args: argparse.Namespace, environ: Mapping[str, str]) ->
     site = load_site(site_name(getattr(args, "site", None), environ))
     runtime = pick_runtime(getattr(args, "container_runtime", None), site.container.runtime)
     return ContainerRequest(image=image, runtime=runtime, mounts=tuple(args.mount or ()),
-                            venv=args.container_venv, overlay=args.container_overlay)
+                            venv=args.container_venv, overlay=args.container_overlay,
+                            brought=brought_into_images())
+
+
+IN_RANK_MODULES = ("hostlist",)
+"""The pure-Python modules scalerun's in-rank runtime imports beyond the standard library,
+torch and numpy (python-hostlist reads SLURM's node lists). An image has torch and numpy;
+these come along with scalerun itself. Compiled ones (psutil) cannot: what needs them
+degrades in the rank with one line."""
+
+
+def brought_into_images() -> tuple[str, ...]:
+    """Where this scalerun and its in-rank pure-Python modules are installed, to be bound
+    into a container image (the job script runs on nodes that see the same paths)."""
+    import importlib
+
+    import scalerun
+
+    paths = [str(Path(scalerun.__file__).resolve().parent)]
+    for name in IN_RANK_MODULES:
+        module = importlib.import_module(name)
+        origin = Path(module.__file__ or name).resolve()
+        paths.append(str(origin.parent if origin.name == "__init__.py" else origin))
+    return tuple(paths)
 
 
 def local_options_from_args(args: argparse.Namespace) -> LocalOptions:

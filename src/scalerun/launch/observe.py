@@ -40,6 +40,18 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
                       what="--run-dir")
 
 
+def write_run_files(files: tuple[tuple[Path, str], ...]) -> None:
+    """The run-directory files the plan decided (:attr:`scalerun.plan.launch.LaunchPlan.run_files`),
+    written atomically before any rank starts and reads them."""
+    for path, text in files:
+        try:
+            make_dirs(path.parent)
+        except OSError as error:
+            raise LaunchError(f"cannot create --run-dir {path.parent}: {error.strerror}; "
+                              "choose a writable place") from None
+        write_text_atomic(path, text, what="--run-dir")
+
+
 # ---------------------------------------------------------------------------
 # The node sampler, beside local rank 0
 # ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ Pure: the request, the site profile and the launching interpreter in, a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 
 from scalerun.errors import LaunchError
 from scalerun.plan import deepspeed, variables
@@ -49,6 +50,7 @@ from scalerun.plan.request import (
     check_mount,
 )
 from scalerun.sites.profile import SiteProfile
+from scalerun.sites.store import freeze
 
 OWN_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """With restarts, each attempt's rank 0 hosts its own store: workers sharing torchrun's
@@ -57,6 +59,10 @@ NCCL_LOG_PATTERN = "nccl.%h.%p.log"
 """NCCL fills in ``%h`` (host) and ``%p`` (pid): one log file per rank, never shared."""
 OVERLAY_TARGET = "/user-software"
 """Where the course mounts a squashfs of the user's own software (``env.sqsh``)."""
+BROUGHT_TARGET = "/scalerun/python"
+"""Where scalerun's own package (and the pure-Python modules its ranks import) appear in
+an image, first on its python's path: a top-level folder, which both runtimes can create
+in a read-only image (a bind cannot create a folder inside the image's own /usr or /opt)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,9 @@ class LaunchPlan:
     """The interpreter that runs the program: the image's inside a container, else the host's."""
     host_python: str
     """The interpreter with scalerun, outside any container (runs ``scalerun exec``)."""
+    run_files: tuple[tuple[Path, str], ...] = ()
+    """Files of the run directory the plan decided (path, text), which the backend writes
+    before any rank starts: the launch's site, frozen for its ranks."""
 
     @property
     def world_size(self) -> int:
@@ -158,11 +167,15 @@ def plan_launch(
     gpus = request.gpus_per_node
     if gpus is None:
         gpus = site.node.gpus if allocates_nodes else 0
-    container = container_entry(request.container, site)
+    container = container_entry(request.container, site,
+                                request.observe.run_dir if request.observe else None)
     program = replace(request.program,
                       args=deepspeed.script_arguments(request.deepspeed_config, request.program.args))
+    run_files = ()
+    if request.observe is not None:
+        run_files = ((request.observe.run_dir / variables.SITE_RUN_FILE, freeze(site)),)
     return LaunchPlan(
-        request=request, site=site,
+        request=request, site=site, run_files=run_files,
         nodes=request.nodes or request.local.nnodes,
         gpus_per_node=gpus,
         procs_per_node=gpus or request.nproc_per_node or 1,
@@ -183,11 +196,15 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
            *(observe_variables(request.observe) if request.observe else ()),
            *_hang_flag(request), *_deepspeed(request), *_checkpoint(request)]
     given = [RankVariable(name, value, "--env", template=True) for name, value in request.env]
+    frozen = ([RankVariable(variables.SITE_FILE, str(request.observe.run_dir / variables.SITE_RUN_FILE),
+                            "the launch's site, frozen in the run directory")] if request.observe else [])
     defaults = [RankVariable(variables.SITE, request.site, "the launch's site", keep_user=True),
+                RankVariable("PYTHONUNBUFFERED", "1", "rank output line by line, as the course's "
+                             "python -u (a script that does not import scalerun too)", keep_user=True),
                 *_hang_default(request, site), *_restarts(request),
                 *(RankVariable(name, value, f"site {site.name}", keep_user=True, template=True)
                   for name, value in site.env.items())]
-    return (*own, *given, *defaults)
+    return (*own, *frozen, *given, *defaults)
 
 
 def _verbose(request: LaunchRequest) -> list[RankVariable]:
@@ -280,12 +297,23 @@ def exec_bind_words(python: str, script: str, entry: str = "file") -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def container_entry(request: ContainerRequest | None, site: SiteProfile) -> ContainerEntry | None:
+def container_entry(request: ContainerRequest | None, site: SiteProfile,
+                    run_dir: Path | None = None) -> ContainerEntry | None:
     """The site's entry (runtime's words, activation, mounts or bindings module), then the
-    user's software: an overlay's ``bin`` on PATH or a venv inside the image activated."""
+    user's software (an overlay's ``bin`` on PATH or a venv inside the image activated),
+    scalerun itself, and the run directory, where the ranks write their step logs, stacks
+    and stop file (an image sees only what is bound into it)."""
     if request is None:
         return None
     extra, activate = container_activation(site.container.activate, request.venv, request.overlay)
+    brought, path_line = brought_into_image(request.brought)
+    extra, activate = extra + brought, activate + path_line
+    if run_dir is not None:
+        if set(str(run_dir)) & {":", ","}:
+            raise LaunchError(
+                f"--run-dir {str(run_dir)!r} cannot be bound into the container (the runtimes "
+                "split binds at ':' and ','); choose a run directory without them")
+        extra += (f"{run_dir}:{run_dir}",)
     modules = site.container.modules.load
     mounts = () if modules else site.container.mounts  # the module binds what the images need
     return ContainerEntry(
@@ -293,6 +321,18 @@ def container_entry(request: ContainerRequest | None, site: SiteProfile) -> Cont
         enter=site.container.enter, activate=activate, python=site.container.python,
         module_use=site.container.modules.use, modules=modules,
         fallback_mounts=site.container.mounts if modules else ())
+
+
+def brought_into_image(paths: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(read-only mounts, the line that puts them first on the image's python path) for
+    scalerun's own package and pure-Python modules. After the activation lines, so that a
+    venv or conda environment cannot drop it; first on the path, so that the host's scalerun
+    runs in the ranks even where the image has another version (the job script and the
+    ranks must agree)."""
+    if not paths:
+        return (), ()
+    mounts = tuple(f"{path}:{BROUGHT_TARGET}/{PurePosixPath(path).name}:ro" for path in paths)
+    return mounts, (f'export PYTHONPATH="{BROUGHT_TARGET}${{PYTHONPATH:+:$PYTHONPATH}}"',)
 
 
 def container_activation(site_lines: tuple[str, ...], venv: str | None,

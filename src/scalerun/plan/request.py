@@ -103,6 +103,10 @@ class ContainerRequest:
     overlay: str | None = None
     """A squashfs of the user's software mounted at /user-software (``--container-overlay``).
     The entry these become is checked by :class:`scalerun.plan.launch.ContainerEntry`."""
+    brought: tuple[str, ...] = ()
+    """Host paths of scalerun's own package and the pure-Python modules its in-rank runtime
+    needs, found by the edge where scalerun is installed: the entry binds them into the
+    image and puts them first on its python's path (an image has torch, not scalerun)."""
 
 
 

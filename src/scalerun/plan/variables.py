@@ -17,6 +17,10 @@ from __future__ import annotations
 
 SITE = "SCALERUN_SITE"
 """The site profile's name or path; job scripts export it so ranks plan with the launch's site."""
+SITE_FILE = "SCALERUN_SITE_FILE"
+"""The launch's site profile as it was when the launch was planned, frozen in the run
+directory (:data:`SITE_RUN_FILE`): ranks plan with it, wherever they run (an image sees
+neither the user's profile folders nor a ``--site`` file)."""
 SYSFS = "SCALERUN_SYSFS"
 """The sysfs root to read the node from (``/`` in production, a fixture tree in tests)."""
 BACKEND = "SCALERUN_BACKEND"
@@ -64,7 +68,7 @@ MONITOR_INTERVAL = "SCALERUN_MONITOR_INTERVAL"
 """Seconds between node samples."""
 
 ALL = (
-    SITE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
+    SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
     PROFILER, PROFILE_SCHEDULE, TENSORBOARD, MONITOR, MONITOR_INTERVAL,
 )
@@ -88,6 +92,8 @@ RUN_FILE = "run.json"
 """What was launched: command, sizes, start time (secrets masked)."""
 JOB_SCRIPT_FILE = "job.sbatch"
 """The job script of a SLURM launch."""
+SITE_RUN_FILE = "site.json"
+"""The launch's site profile, merged and validated, as ranks read it (:data:`SITE_FILE`)."""
 STOPPED_FILE = "stopped-on-signal"
 """Rank 0 writes its checkpoint's path here after the ranks stopped on a signal; the job
 script requeues (or ends cleanly) on it."""

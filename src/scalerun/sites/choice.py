@@ -28,5 +28,10 @@ def site_name(flag: str | None, environ: Mapping[str, str] | None = None) -> str
 
 
 def resolve_site(flag: str | None, environ: Mapping[str, str] | None = None) -> SiteProfile:
-    """The validated profile :func:`site_name` names."""
-    return load_site(site_name(flag, environ))
+    """The validated profile: the flag's; else the one the launch froze for its ranks
+    (``$SCALERUN_SITE_FILE``, in the run directory); else the one :func:`site_name` names."""
+    env = os.environ if environ is None else environ
+    frozen = env.get(variables.SITE_FILE, "").strip()
+    if not flag and frozen:
+        return load_site(frozen)
+    return load_site(site_name(flag, env))

@@ -17,10 +17,11 @@ This module reads files only; it never reads hardware or SLURM.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,44 @@ def find_sites(folders: list[Folder]) -> list[SiteEntry]:
     return entries
 
 
+FROZEN_KEY = "scalerun site profile"
+"""The marker of a frozen profile (:func:`freeze`), and its format's version."""
+
+
+def freeze(profile: SiteProfile) -> str:
+    """The merged, validated profile as JSON: what a launch hands its ranks, so that they plan
+    with exactly the profile it planned with, wherever they run (:func:`load_site` reads it)."""
+    table = _without_none({k: v for k, v in asdict(profile).items() if k != "source"})
+    return json.dumps({FROZEN_KEY: 1, "source": profile.source, "profile": table}, indent=1) + "\n"
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: a value that was never set is left out, as in the file it came from."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def _thawed(path: Path) -> SiteProfile:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SiteError(f"{path}: not a frozen site profile ({error})") from None
+    if not isinstance(data, dict) or data.get(FROZEN_KEY) != 1:
+        raise SiteError(f"{path}: not a frozen site profile; give a profile name or a .toml path")
+    return replace(build(SiteProfile, data["profile"], file=path), source=str(data.get("source", path)))
+
+
 def load_site(name: str, folders: list[Folder] | None = None) -> SiteProfile:
-    """The profile called ``name`` (or the file at path ``name``), validated."""
+    """The profile called ``name`` (or the file at path ``name``: a ``.toml`` profile, or a
+    profile a launch froze as ``.json``), validated."""
     folders = site_folders() if folders is None else folders
+    if name.endswith(".json"):
+        if not Path(name).is_file():
+            raise SiteError(f"site file {name} does not exist; give a profile name or a .toml path")
+        return _thawed(Path(name))
     if name.endswith(".toml") or os.sep in name:
         path = Path(name)
         if not path.is_file():

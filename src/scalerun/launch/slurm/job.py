@@ -326,8 +326,8 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         mode=mode,
         nproc_per_node=plan.procs_per_node,
         max_restarts=request.max_restarts,
-        # not in a container: its python need not have scalerun (srun mode's exec runs outside)
-        bind_workers=mode == "torchrun" and plan.exec_bind and plan.container is None,
+        # inside a container too: scalerun is brought into the image (plan.launch)
+        bind_workers=mode == "torchrun" and plan.exec_bind,
         python=plan.python,
         host_python=plan.host_python,
         container=plan.container,

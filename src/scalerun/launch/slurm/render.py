@@ -60,15 +60,26 @@ def program_words(job: SlurmJob) -> list[Word]:
     ]
 
 
-def exec_wrapper_words(job: SlurmJob) -> list[Word]:
-    """``scalerun exec``: exports RANK/LOCAL_RANK/... and the per-task variables, then execs.
-    In torchrun mode it also tells each node's agent whether it hosts the c10d store."""
-    words: list[Word] = [job.host_python, "-m", "scalerun", "exec"]
+def exec_wrapper_words(job: SlurmJob, python: str | None = None) -> list[Word]:
+    """``scalerun exec``: exports RANK/LOCAL_RANK/... and the per-task variables, decides the
+    rank's environment and profiler, then execs. In torchrun mode it also tells each node's
+    agent whether it hosts the c10d store. ``python``: the interpreter that runs it (the
+    image's, inside a container, where scalerun is brought in); default the host's."""
+    words: list[Word] = [python or job.host_python, "-m", "scalerun", "exec"]
     if job.mode == "torchrun":
         words.append("--torchrun-agent")
     for name, value in job.task_env:
         words += ["--env", f"{name}={value}"]
     return [*words, "--"]
+
+
+def host_side_words(job: SlurmJob) -> list[Word]:
+    """In front of the container: ``scalerun exec --host-side`` on the host starts the node's
+    sampler (it reads the host's tools) and nothing else. Everything the rank gets is
+    decided inside the image, by ``scalerun exec`` under the image's python, with the
+    image's libraries and versions (GPU-direct by the image's ROCm, the profiler in the
+    image): the rank runs there."""
+    return [job.host_python, "-m", "scalerun", "exec", "--host-side", "--"]
 
 
 def srun_option_words(job: SlurmJob) -> list[str]:
@@ -102,9 +113,12 @@ def srun_groups(job: SlurmJob) -> list[list[Word]]:
     groups: list[list[Word]] = [["srun"]] + [[option] for option in options]
     if warned(job):
         groups.append(list(IGNORE_WARNING))
-    groups.append(exec_wrapper_words(job))
     if job.container:
+        groups.append(host_side_words(job))
         groups.append(list(exec_words(job.container)))
+        groups.append(exec_wrapper_words(job, job.python))
+    else:
+        groups.append(exec_wrapper_words(job))
     groups.append(program_words(job))
     return groups
 
@@ -357,28 +371,27 @@ CHECK_PROGRAM = (
     "import sys\n"
     "try:\n"
     "    from scalerun.commands.rank_doctor import main\n"
-    "except ImportError:\n"
-    "    sys.exit(3)\n"
+    "except ImportError as error:\n"
+    "    print(f'FAIL  scalerun: this python cannot import scalerun ({error}): the check cannot run; '\n"
+    "          'let scalerun bring itself into the image (the default), or pass --no-check', flush=True)\n"
+    "    sys.exit(1)\n"
     "sys.exit(main(sys.argv[1:]))"
 )
-"""The check as the job's Python runs it: exit 3 where that Python has no scalerun (a
-container image with only the user's own stack), so the check is skipped, not failed."""
-CHECK_UNAVAILABLE = 3
+"""The check as the job's python runs it. It is never skipped: where that python cannot
+import scalerun, the check FAILs with the fix and the job ends before training."""
 
 
 def _check_step(job: SlurmJob) -> list[str]:
     """The doctor's short check as the job's first step, started exactly like the training
     (same srun options, binding, container and mode) so that it sees what training will;
     a FAIL (non-zero exit) ends the job here. It runs unprofiled and unsampled, and is
-    skipped, with a line, where the job's Python cannot import scalerun."""
+    never skipped (:data:`CHECK_PROGRAM`)."""
     if not job.check:
         return []
-    site = (f"--site={job.site}",) if job.site else ()
+    # no --site: the check resolves the launch's site as the ranks do (frozen in the run directory)
     check = replace(job, script=job.python, entry="executable", bind_workers=False,
-                    script_args=("-c", CHECK_PROGRAM, *CHECK_ARGS, *site))
+                    script_args=("-c", CHECK_PROGRAM, *CHECK_ARGS))
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(check)]
-    skipped = shell_quote("scalerun: the check was skipped: the job's python cannot import "
-                          "scalerun (install it there, or pass --no-check)")
     return [
         "# --- check every rank first (scalerun doctor --quick); a FAIL ends the job here ---",
         "check=0",
@@ -387,6 +400,6 @@ def _check_step(job: SlurmJob) -> list[str]:
         f"    export {variables.MONITOR}=0",
         "    " + " \\\n        ".join(rendered),
         ") || check=$?",
-        f"if (( check == {CHECK_UNAVAILABLE} )); then echo {skipped}; elif (( check )); then exit \"$check\"; fi",
+        'if (( check )); then echo "scalerun: the check failed (exit code $check): see its FAIL lines above" >&2; exit "$check"; fi',
         "",
     ]
