@@ -76,7 +76,7 @@ def test_a_scalerun_script_runs_in_an_image_without_scalerun(
     env = container_standin.env(slurm_cluster.env)
     done = subprocess.run(
         [sys.executable, "-m", "scalerun", "launch", "--site", str(site_file(tmp_path, enter)),
-         "--nodes", "2", "--nproc-per-node", "2", "--mode", mode, "--cpus-per-task", "1",
+         "--nodes", "2", "--nproc-per-node", "2", "--mode", mode,
          "--container", str(container_standin.sif(tmp_path / "pytorch.sif")), "--mount", str(code),
          "--no-monitor", "-v", "--wait", "--run-dir", str(run_dir), str(code / "train.py")],
         capture_output=True, text=True, timeout=280, env=env)
@@ -93,6 +93,60 @@ def test_a_scalerun_script_runs_in_an_image_without_scalerun(
     # the in-job check ran in the image first, and passed
     check, _, training = log.partition("summary: ")
     assert "PASS  world-size" in check and "0 FAIL" in training.splitlines()[0]
-    assert "skipped" not in log
+    assert "the check was skipped" not in log
     # then every rank of the training reports its placement (-v), from inside the image
     assert len(re.findall(r"\[scalerun\] host=\S+ rank=\d/4 ", training)) == 4, log
+
+
+LOOP = """\
+import torch, scalerun
+
+ctx = scalerun.init()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+model = scalerun.wrap(net, lambda p: torch.optim.SGD(p, lr=0.05))
+data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+loader = scalerun.loader(data, batch_size=8, num_workers=1)
+for step, (x, y) in enumerate(loader):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    model.backward(loss)
+    model.step()
+    scalerun.log(loss=loss)
+    if step == 9:
+        break
+folder = scalerun.checkpoint.folder()
+scalerun.checkpoint.save(folder, model, loader=loader)
+scalerun.print("LOOPDONE", model.optimizer_steps, "saved in", folder)
+scalerun.shutdown()
+"""
+
+
+def test_a_bare_image_loses_only_what_one_line_names(slurm_cluster, container_standin, tmp_path):
+    """The whole in-rank runtime in an image with torch and numpy only: DDP, the loader and its
+    worker, the step log, a checkpoint, the hang watchdog, preemption's handlers, the torch
+    profiler. What the image lacks (tensorboard) is one line per rank that names it; nothing
+    else is lost and nothing ends in a traceback."""
+    code, checkpoints = tmp_path / "code", tmp_path / "checkpoints"
+    code.mkdir()
+    checkpoints.mkdir()
+    (code / "loop.py").write_text(LOOP)
+    run_dir = tmp_path / "run"
+    env = container_standin.env(slurm_cluster.env)
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerun", "launch", "--site", str(site_file(tmp_path, "exec")),
+         "--nodes", "2", "--nproc-per-node", "1", "--no-check", "--no-monitor",
+         "--container", str(container_standin.sif(tmp_path / "pytorch.sif")),
+         "--mount", str(code), "--mount", str(checkpoints), "--checkpoint", str(checkpoints),
+         "--hang-timeout", "120", "--tensorboard", "all", "--profile-ranks", "0",
+         "--wait", "--run-dir", str(run_dir), str(code / "loop.py")],
+        capture_output=True, text=True, timeout=280, env=env)
+    log = "".join(path.read_text(errors="replace") for path in run_dir.glob("slurm-*.out"))
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert "LOOPDONE 10 saved in" in log and "Traceback" not in log
+    lost = [line for line in log.splitlines() if "writes no TensorBoard events" in line]
+    assert len(lost) == 2 and all("pip install tensorboard" in line for line in lost)
+    steps = sorted((run_dir / "steps").glob("rank-*.jsonl"))
+    assert [p.name for p in steps] == ["rank-0.jsonl", "rank-1.jsonl"]
+    assert all(p.read_text().count('"kind":"step"') == 10 for p in steps)
+    assert (checkpoints / "latest").exists()
+    assert list((run_dir / "profile" / "rank-0").iterdir())  # the torch profiler's trace

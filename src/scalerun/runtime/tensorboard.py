@@ -9,11 +9,11 @@ The ``tensorboard`` package is an optional extra, imported only when asked for.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.rundir import TENSORBOARD
 from scalerun.runtime import steplog_reader as keys
@@ -26,10 +26,11 @@ def sink_for_rank(run_dir: Path, rank: int) -> Callable[[list[dict[str, Any]]], 
         return None
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ScalerunError(
-            "--tensorboard needs the tensorboard package: pip install 'scalerun[tensorboard]'"
-        ) from None
+    except ImportError:  # an image without it: the run goes on, and says what it lost
+        print(f"scalerun: rank {rank} writes no TensorBoard events (--tensorboard): the tensorboard "
+              "package cannot be imported here; pip install tensorboard where the ranks run "
+              "(in the image, or its --container-venv)", file=sys.stderr, flush=True)
+        return None
     writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD / f"rank-{rank}"))
     return lambda records: write_records(writer, records)
 
