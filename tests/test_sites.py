@@ -140,6 +140,7 @@ BROKEN = [
     ("[node]\ngpu_vendor = 'intel'\n", "node.gpu_vendor: 'intel' is not one of amd, nvidia, none"),
     ("[node]\ncores = 8\nreserved_cores = [0, 8]\n", "node.reserved_cores: [8] are not cores"),
     ("[slurm]\ntime = '1h'\n", "slurm.time: '1h' is not a SLURM time"),
+    ("[network]\ngdr_level = 'FAST'\n", "network.gdr_level: 'FAST' is not one of LOC, PIX, PXB, PHB, SYS"),
     ("[slurm]\nmem_per_gpu = '60 GB'\n", "slurm.mem_per_gpu: '60 GB' is not a SLURM memory size"),
     (
         "[slurm]\npartition = 'big'\npartitions = ['small']\n",

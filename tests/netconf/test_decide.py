@@ -28,6 +28,24 @@ def test_gdr_level_only_where_rocm_needs_it(vendor, rocm, expected) -> None:
     assert (setting.value if setting else None) == expected
 
 
+@pytest.mark.parametrize("rocm", ["6.0.3", "6.2.41133-dd7f95766", None])
+def test_a_site_level_is_set_whatever_the_rocm(rocm) -> None:
+    """LUMI-G sets PHB always, as the course does; harmless where it is RCCL's default."""
+    setting = gdr_setting("amd", rocm, "PHB", "lumi-g")
+    assert (setting.name, setting.value, setting.source) == ("NCCL_NET_GDR_LEVEL", "PHB", "site")
+
+
+def test_lumi_g_always_sets_phb_for_its_ranks(tmp_path) -> None:
+    """Through the real profile and planner: a rank of a ROCm 6.2 image still gets PHB."""
+    from scalerun.sites import load_site
+
+    decision = decide_environment(
+        rank=RankFacts(threads=7, nic="hsn0", gpu_vendor="amd", loader_workers=0, num_nodes=2),
+        nics=HSN, site_interfaces=("hsn0",), site_gdr_level=load_site("lumi-g").network.gdr_level,
+        site="lumi-g", rocm_version="6.2.41133", environ={})
+    assert env_of(decision)["NCCL_NET_GDR_LEVEL"] == ("PHB", "site")
+
+
 def test_parse_version() -> None:
     assert parse_version("6.2.41133-dd7f95766") == (6, 2, 41133)
     assert parse_version("") is None and parse_version("rocm") is None

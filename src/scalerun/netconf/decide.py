@@ -77,6 +77,8 @@ def decide_environment(
     nics: Sequence[Nic] = (),
     site_interfaces: Sequence[str] = (),
     site_task_env: Mapping[str, str] | None = None,
+    site_gdr_level: str | None = None,
+    site: str = "",
     rocm_version: str | None = None,
     environ: Mapping[str, str],
 ) -> Decision:
@@ -89,7 +91,7 @@ def decide_environment(
     if rank.gpu_vendor:
         settings.append(Setting("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "default",
                                 "GPU numbers follow PCI bus order, as ROCm and the topology do"))
-    gdr = gdr_setting(rank.gpu_vendor, rocm_version)
+    gdr = gdr_setting(rank.gpu_vendor, rocm_version, site_gdr_level, site)
     if gdr:
         settings.append(gdr)
     settings += _collective_error_settings(rank, environ)

@@ -4,6 +4,11 @@ On LUMI each GCD shares a PCI host bridge with its Slingshot NIC; RCCL before RO
 did not use GPU-direct RDMA at that distance unless told ``PHB``, which cost inter-node
 bandwidth. From ROCm 6.2 the default is right, and on NVIDIA the default already
 decides from the topology, so nothing is set there.
+
+A site may always set a level (``[network] gdr_level``; LUMI-G: ``PHB``, as the course's
+scripts do, and harmless from ROCm 6.2 where it is the default). That wins over the ROCm
+rule, whose version is read where the rank runs: inside a container, the image's ROCm,
+which is the one whose RCCL runs.
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(1).split(".")) if match else None
 
 
-def gdr_setting(gpu_vendor: str | None, rocm_version: str | None) -> Setting | None:
-    """``NCCL_NET_GDR_LEVEL=PHB`` for AMD GPUs under ROCm older than 6.2, else nothing."""
+def gdr_setting(gpu_vendor: str | None, rocm_version: str | None,
+                site_level: str | None = None, site: str = "") -> Setting | None:
+    """The site's ``NCCL_NET_GDR_LEVEL`` where it sets one; else ``PHB`` for AMD GPUs under
+    ROCm older than 6.2; else nothing."""
+    if site_level:
+        return Setting("NCCL_NET_GDR_LEVEL", site_level, "site",
+                       f"site {site or '(profile)'} always sets it (the course's job scripts do)")
     if gpu_vendor != "amd":
         return None
     version = parse_version(rocm_version)

@@ -407,6 +407,8 @@ def _decide(
         nics=topology.nics,
         site_interfaces=site.network.interfaces if site else (),
         site_task_env=site.task_env if site else None,
+        site_gdr_level=site.network.gdr_level if site else None,
+        site=site.name if site else "",
         rocm_version=opts.rocm_version,
         environ=environ,
     )

@@ -138,6 +138,10 @@ class NodeSpec:
         return None if self.cores is None else self.cores - len(set(self.reserved_cores))
 
 
+GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
+"""NCCL's (and RCCL's) names of how far a NIC may be from a GPU for GPU-direct RDMA."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetworkSpec:
     """Which network interfaces carry collective traffic (read by scalerun.netconf)."""
@@ -149,8 +153,13 @@ class NetworkSpec:
     doctor compares the measured bus bandwidth with it."""
     nics_per_node: int | None = None
     """High-speed NICs per node (LUMI-G: 4), shared by the node's ranks."""
+    gdr_level: str | None = None
+    """``NCCL_NET_GDR_LEVEL`` every rank gets (LOC, PIX, PXB, PHB or SYS); None: decided
+    from the ROCm version where the rank runs (:mod:`scalerun.netconf.gpu_direct`)."""
 
     def __post_init__(self) -> None:
+        if self.gdr_level is not None and self.gdr_level not in GDR_LEVELS:
+            raise Invalid("gdr_level", f"{self.gdr_level!r} is not one of {', '.join(GDR_LEVELS)}")
         if self.nic_gbits is not None and not self.nic_gbits > 0:
             raise Invalid("nic_gbits", f"{self.nic_gbits} must be a positive number of Gb/s")
         if self.nics_per_node is not None and self.nics_per_node < 1:
