@@ -150,3 +150,41 @@ def test_a_bare_image_loses_only_what_one_line_names(slurm_cluster, container_st
     assert all(p.read_text().count('"kind":"step"') == 10 for p in steps)
     assert (checkpoints / "latest").exists()
     assert list((run_dir / "profile" / "rank-0").iterdir())  # the torch profiler's trace
+
+
+FAKE_PROFILER = """#!/bin/bash
+# A profiler that exists only inside the image (bound at /prof): records where it ran.
+out=$1; shift
+mkdir -p "$out"
+echo "rank=$RANK image=$(test -x /opt/venv/bin/python && echo yes || echo no)" > "$out/profile.txt"
+exec "$@"
+"""
+
+
+def test_a_command_profiler_runs_inside_the_image_for_the_chosen_rank_only(
+        slurm_cluster, container_standin, tmp_path: Path) -> None:
+    """As the course's ``pcmd``: the profiler is the image's, started in the container in
+    front of the chosen rank, not in front of the container on the host (where there is no
+    /prof at all)."""
+    code, tools = tmp_path / "code", tmp_path / "tools"
+    code.mkdir()
+    tools.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    (tools / "fakeprof").write_text(FAKE_PROFILER)
+    (tools / "fakeprof").chmod(0o755)
+    assert not Path("/prof").exists()
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerun", "launch", "--site", str(site_file(tmp_path, "exec")),
+         "--nodes", "2", "--nproc-per-node", "1", "--no-check", "--no-monitor",
+         "--container", str(container_standin.sif(tmp_path / "pytorch.sif")),
+         "--mount", str(code), "--mount", f"{tools}:/prof",
+         "--profile-ranks", "1", "--profiler", "/prof/fakeprof {out}",
+         "--wait", "--run-dir", str(run_dir), str(code / "train.py")],
+        capture_output=True, text=True, timeout=280, env=container_standin.env(slurm_cluster.env))
+    log = "".join(path.read_text(errors="replace") for path in run_dir.glob("slurm-*.out"))
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert sorted(ranks_of(log)) == [0, 1]
+    profiled = run_dir / "profile" / "rank-1" / "profile.txt"
+    assert profiled.read_text().strip() == "rank=1 image=yes"
+    assert not (run_dir / "profile" / "rank-0").exists()
