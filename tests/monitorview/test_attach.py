@@ -46,6 +46,49 @@ def test_a_step_that_cannot_start_is_one_line_and_leaves_nothing(fake_slurm: Pat
     assert list(fake_slurm.iterdir()) == []  # the temporary folder is gone
 
 
+def test_a_refused_gpu_step_is_one_line_naming_what_it_asked(tmp_path: Path, capsys,
+                                                             monkeypatch) -> None:
+    """scontrol reports a job holding 2 GPUs a node; srun refuses the step's GPU request
+    (what SLURM says when a step asks more than the job holds)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "scontrol", f"cat '{FIXTURES / 'scontrol_d_gres_gpu_2.txt'}'\n")
+    fake_program(bin_dir, "srun", f"""echo "$@" > '{tmp_path / "srun.args"}'
+echo 'srun: error: Unable to create step for job 92: Invalid generic resource (gres) \
+specification' >&2
+exit 1
+""")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["92", "--once", "--interval", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "srun exit code 1: srun: error: Unable to create step for job 92: Invalid generic " \
+           "resource (gres) specification" in err
+    assert "the step asked --gres=gpu:2 with --overlap, the GPUs the job holds per node " \
+           "(scontrol show job -d 92)" in err
+    assert (tmp_path / "srun.args").read_text().startswith(
+        "--overlap --jobid=92 --nodes=2 --ntasks=2 --ntasks-per-node=1 --gres=gpu:2 ")
+    assert list(work.iterdir()) == []
+
+
+def test_uneven_gpus_are_said_before_the_view(tmp_path: Path, capsys, monkeypatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "scontrol", f"cat '{FIXTURES / 'scontrol_d_gpus_3.txt'}'\n")
+    fake_program(bin_dir, "srun", "exit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    assert main(["104", "--once", "--interval", "0.2"]) == 2
+    first, error = capsys.readouterr().err.splitlines()
+    assert first == ("scalerun monitor: job 104 holds different GPU counts per node "
+                     "(nid000001 2, nid000002 1); the sampler sees 1 on each node, since one "
+                     "srun step asks the same count on all")
+    assert error.startswith("scalerun monitor: error: the sampling step on job 104 ended")
+
+
 @pytest.mark.parametrize(
     ("log", "reason"),
     [

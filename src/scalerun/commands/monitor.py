@@ -5,7 +5,8 @@ next to the training's own steps/s and loss. This command shows them from a logi
 that shares the file system, opening no port: for a scalerun launch it follows the run
 directory's monitor files and step logs (:mod:`scalerun.monitorview`); for a running
 SLURM job started without scalerun (``JOBID``) it first starts one node sampler per node
-with ``srun --overlap`` and follows what they write, then stops that step when it ends.
+with ``srun --overlap``, asking for the GPUs the job holds there so that the samplers see
+them, and follows what they write, then stops that step when it ends.
 
 Output: a live table on a terminal (``q`` or Ctrl-C quits); ``--once`` prints one table;
 ``--json`` prints each snapshot as one JSON object on one line (with ``--once``, exactly
@@ -36,7 +37,7 @@ from scalerun.monitorview.live import run_live, run_stream
 from scalerun.monitorview.model import Snapshot
 from scalerun.monitorview.reader import RunReader
 from scalerun.monitorview.render import snapshot_json, snapshot_table
-from scalerun.monitorview.slurmjob import is_job_id
+from scalerun.monitorview.slurmjob import is_job_id, uneven_gpus_note
 from scalerun.monitorview.state import WINDOW_S
 from scalerun.rundir import MONITOR, RUN_FILE, STEPS
 
@@ -70,7 +71,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Show every node and GPU of a run (utilisation, memory, power, temperature) "
             "with the training's steps/s, samples/s and loss, refreshed every second. "
             "Give a run directory of scalerun launch, or the id of a running SLURM job "
-            "(the nodes are then sampled through srun --overlap)."
+            "(the nodes are then sampled through srun --overlap, with the GPUs the job "
+            "holds on each node visible)."
         ),
     )
     p.add_argument("target", metavar="RUN_DIR|JOBID",
@@ -144,6 +146,9 @@ def watch_job(request: MonitorRequest) -> int:
     """Sample a running job's nodes through srun for as long as the view runs."""
     assert request.job_id is not None
     job = show_job(request.job_id)
+    note = uneven_gpus_note(job)
+    if note is not None:
+        print(f"scalerun monitor: {note}", file=sys.stderr)
     with Attachment(job, parent=request.attach_dir, interval_s=request.interval_s,
                     python=request.python) as attached:
         assert attached.run_dir is not None

@@ -1,9 +1,10 @@
 """Run the samplers of a watched SLURM job: ``scontrol`` to find it, ``srun`` to sample it.
 
 Why a module of its own: this is the I/O side of :mod:`.slurmjob`. It asks ``scontrol``
-about the job, starts the ``srun --overlap`` step in a temporary folder of a shared file
-system (the login node reads the files the nodes write; no port is opened), and stops the
-step when the view ends, however it ends, then removes the folder.
+about the job (with ``-d``, for the GPUs the job holds on each node), starts the ``srun
+--overlap`` step in a temporary folder of a shared file system (the login node reads the
+files the nodes write; no port is opened), and stops the step when the view ends, however
+it ends, then removes the folder.
 
 What it must never do: leave a step running in the user's job, or signal anything but
 the ``srun`` it started (its own session, so the terminal's Ctrl-C reaches the view
@@ -26,7 +27,7 @@ from types import TracebackType
 from scalerun.errors import ScalerunError
 from scalerun.monitor.node import stop_process
 from scalerun.monitorview.reader import RunReader
-from scalerun.monitorview.slurmjob import JobInfo, attach_command, parse_job
+from scalerun.monitorview.slurmjob import JobInfo, attach_command, gpu_words, parse_job, step_gpus
 from scalerun.rundir import MONITOR
 
 SCONTROL_TIMEOUT_S = 30.0
@@ -39,10 +40,11 @@ TASK_EXIT = re.compile(r"srun: error: \S+: tasks? [\d,\-]+: ")
 
 
 def show_job(asked: str, environ: Mapping[str, str] | None = None) -> JobInfo:
-    """``scontrol show job -o ID``, read by :func:`parse_job`; unknown ids are one line."""
+    """``scontrol show job -d -o ID``, read by :func:`parse_job`; unknown ids are one line."""
     try:
-        done = subprocess.run(["scontrol", "show", "job", "-o", asked], capture_output=True,
-                              text=True, timeout=SCONTROL_TIMEOUT_S, env=srun_environment(environ))
+        done = subprocess.run(["scontrol", "show", "job", "-d", "-o", asked],
+                              capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S,
+                              env=srun_environment(environ))
     except FileNotFoundError:
         raise ScalerunError("scontrol is not on PATH: watch a job id from a SLURM login node, "
                             "or give a run directory instead") from None
@@ -133,8 +135,13 @@ class Attachment:
             time.sleep(poll_s)
 
     def fix_hint(self) -> str:
-        return (f"check that job {self.job.asked} still runs (squeue -j {self.job.asked}) and "
+        hint = (f"check that job {self.job.asked} still runs (squeue -j {self.job.asked}) and "
                 f"that {self.python} imports scalerun on its nodes (--python)")
+        gpus = step_gpus(self.job)
+        if gpus:
+            hint += (f"; the step asked {gpu_words(gpus)[0]} with --overlap, the GPUs the job "
+                     f"holds per node (scontrol show job -d {self.job.asked})")
+        return hint
 
     def stop(self) -> None:
         """Stop the step (SIGTERM through srun to every sampler) and remove the folder."""
