@@ -9,7 +9,6 @@ steps) in srun mode, torchrun mode and inside an allocation; the fast ``probe.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -353,39 +352,50 @@ def test_sbatch_lines_round_trip_through_the_real_sbatch(slurm_cluster, tmp_path
     assert not (REPO / "pwned").exists()
 
 
-def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
+def test_site_profile_and_container_on_the_cluster(slurm_cluster, container_standin, tmp_path):
     """lumi-g's per-node MIOpen cache, its bindings module (missing here, so its mounts as the
-    fallback) and its container activation reach each task through stand-ins for
-    singularity and module; the script's arguments arrive unchanged behind the activation."""
+    fallback) and its container activation reach each task, in the honest image of
+    tests/container (torch and numpy only; nothing of the host's is visible but what is
+    bound); a recording wrapper in front of its ``singularity`` keeps each call's words. The
+    script's arguments arrive unchanged behind the activation and scalerun's own exec."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "calls"
     record.mkdir()
+    fallback = [tmp_path / "spool", tmp_path / "cray"]  # lumi-g's mounts, where they exist here
+    for folder in fallback:
+        folder.mkdir()
+    site = tmp_path / "lumi-here.toml"
+    site.write_text('extends = "lumi-g"\n[container]\nmounts = ['
+                    + ", ".join(f'"{folder}"' for folder in fallback) + "]\n")
     stand_in = bin_dir / "singularity"
     stand_in.write_text(
         "#!/bin/bash\n"
-        "# Records its arguments and SINGULARITY_BIND, then runs what follows the image.\n"
-        f'printf "%s\\n" "$@" > {record}/"$RANK"\n'
-        f'printf "%s" "$SINGULARITY_BIND" > {record}/"bind-$RANK"\n'
-        'shift; while [[ "$1" == -B ]]; do shift 2; done; shift\n'
-        'exec "$@"\n'
+        "# Records its arguments and SINGULARITY_BIND, then runs the honest image's runtime.\n"
+        f'printf "%s\\n" "$@" > {record}/"$SLURM_PROCID"\n'
+        f'printf "%s" "$SINGULARITY_BIND" > {record}/"bind-$SLURM_PROCID"\n'
+        f'exec {container_standin.bin}/singularity "$@"\n'
     )
     module = bin_dir / "module"  # LUMI's bindings module is not on this cluster
     module.write_text('#!/bin/bash\n[[ "$1" == use ]] && exit 0\nexit 1\n')
     for tool in (stand_in, module):
         tool.chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "activate").write_text("export VIRTUAL_ENV=in-the-image\n")
-    env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    venv, data = tmp_path / "venv", tmp_path / "data"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("export VIRTUAL_ENV=in-the-image\n")
+    data.mkdir()
+    probe = REPO / PROBE
+    env = container_standin.env(slurm_cluster.env)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    image = str(container_standin.sif(tmp_path / "pytorch.sif"))
     done = scalerun(
-        slurm_cluster, "launch", "--site", "lumi-g", "--partition", "small-g", "--nodes", "2",
+        slurm_cluster, "launch", "--site", str(site), "--partition", "small-g", "--nodes", "2",
         "--gpus-per-node", "2", "--cpus-per-task", "1", "--mem-per-gpu", "100M", "--time", "5",
-        "--container", "/images/pytorch.sif", "--mount", "/data:/data",
-        "--container-venv", str(tmp_path / "venv"), "--wait", "--run-dir", str(tmp_path),
-        PROBE, "x y", "$HOME", "--a='b'", env=env,
+        "--container", image, "--mount", f"{data}:/data", "--mount", str(probe.parent),
+        "--mount", str(venv), "--container-venv", str(venv), "--no-check", "--wait",
+        "--run-dir", str(tmp_path / "run"), str(probe), "x y", "$HOME", "--a='b'", env=env,
     )
-    log = job_log(tmp_path)
+    log = job_log(tmp_path / "run")
     assert done.returncode == 0, done.stderr + log
     ranks = probes(log)
     assert {r: p["MIOPEN_USER_DB_PATH"] for r, p in ranks.items()} == {
@@ -398,13 +408,19 @@ def test_site_profile_and_container_on_the_cluster(slurm_cluster, tmp_path):
     assert "module singularity-AI-bindings is missing: binding the site mounts instead" in log
     calls = {int(p.name): p.read_text().splitlines() for p in record.iterdir() if p.name.isdigit()}
     assert sorted(calls) == [0, 1, 2, 3]
-    activation = f'$WITH_CONDA && source "{tmp_path / "venv"}/bin/activate" && exec "$@"'
+    activation = (f'$WITH_CONDA && source "{venv}/bin/activate" && '
+                  'export PYTHONPATH="/scalerun/python${PYTHONPATH:+:$PYTHONPATH}" && exec "$@"')
     for rank, call in calls.items():
-        assert call[:3] == ["exec", "-B", "/data:/data"] and call[3] == "/images/pytorch.sif"
-        assert call[4:8] == ["bash", "-c", activation, "bash"]  # activated before python starts
-        assert call[8:] == ["python", PROBE, "x y", "$HOME", "--a='b'"]
+        start = call.index(image)
+        binds = call[1:start]
+        assert call[0] == "exec" and binds[-6:] == ["-B", f"{data}:/data", "-B", str(probe.parent),
+                                                    "-B", str(venv)]
+        assert call[start + 1:start + 5] == ["bash", "-c", activation, "bash"]  # activated first
+        program = call[start + 5:]
+        assert program[:4] == ["python", "-m", "scalerun", "exec"]  # the rank is set up in the image
+        assert program[program.index("--") + 1:] == ["python", str(probe), "x y", "$HOME", "--a='b'"]
         bound = (record / f"bind-{rank}").read_text().split(",")
-        assert bound[:3] == ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1"]
+        assert bound == [str(folder) for folder in fallback]
 
 
 def test_sbatch_refusal_is_one_line(slurm_cluster, tmp_path):

@@ -8,7 +8,6 @@ records its arguments and environment, then runs what follows the image, as
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,47 +118,48 @@ def test_container_refuses(fields, message):
         Container(**fields)
 
 
-STAND_IN = """#!/bin/bash
-# Stand-in for singularity: records argv and the rank variables, runs what follows the image.
+RECORDER = """#!/bin/bash
+# In front of the honest image's runtime: records argv and the rank variables it was handed.
 python3 -c 'import json, os, sys; json.dump({"argv": sys.argv[1:], "RANK": os.environ.get("RANK"),
     "MASTER_ADDR": os.environ.get("MASTER_ADDR")}, open(os.environ["RECORD"], "w"))' "$@"
-shift; while [[ "$1" == -B ]]; do shift 2; done; shift
-exec "$@"
+exec RUNTIME "$@"
 """
 
 
-def test_a_task_runs_inside_the_container_with_its_rank_variables(tmp_path):
-    """The srun task's command, from scalerun exec through the runtime to the script."""
-    (tmp_path / "singularity").write_text(STAND_IN)
-    (tmp_path / "singularity").chmod(0o755)
+def test_a_task_runs_inside_the_container_with_its_rank_variables(tmp_path, container_standin):
+    """An srun task's command as a job script writes it for a container: the host side
+    (which only starts the sampler) in front of the runtime, then the honest image (torch
+    and numpy only), where scalerun, brought in, gives the script its rank's variables."""
+    from scalerun.commands.launch_flags import brought_into_images
+    from scalerun.plan.launch import container_entry
+    from scalerun.plan.request import ContainerRequest
+    from scalerun.sites.profile import ContainerDefaults, SiteProfile
+
+    bin_dir, cray, data = tmp_path / "bin", tmp_path / "cray", tmp_path / "data"
+    for folder in (bin_dir, cray, data):
+        folder.mkdir()
+    (bin_dir / "singularity").write_text(
+        RECORDER.replace("RUNTIME", str(container_standin.bin / "singularity")))
+    (bin_dir / "singularity").chmod(0o755)
     task = (REPO / "tests/fixtures/slurm_env/srun_2x2_task3.txt").read_text()
     env = dict(line.split("=", 1) for line in task.splitlines() if "=" in line)
-    env.update(PATH=f"{tmp_path}:{os.environ['PATH']}", RECORD=str(tmp_path / "record.json"))
-    box = Container(image="/images/pt.sif", runtime="singularity", mounts=("/opt/cray", "/s:/d"))
-    command = [
-        sys.executable,
-        "-m",
-        "scalerun",
-        "exec",
-        "--",
-        *exec_words(box),
-        sys.executable,
-        "-c",
-        "import os; print(os.environ['RANK'], os.environ['LOCAL_RANK'])",
-        "a b",
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    env.update(PATH=f"{bin_dir}:{container_standin.env()['PATH']}", RECORD=str(tmp_path / "record.json"))
+    image = str(container_standin.sif(tmp_path / "pt.sif"))
+    site = SiteProfile(name="t", container=ContainerDefaults(activate=("$WITH_CONDA",)))
+    box = container_entry(ContainerRequest(image=image, runtime="singularity",
+                                           mounts=(str(cray), f"{data}:/d"),
+                                           brought=brought_into_images()), site)
+    inside = "import os; print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['MASTER_ADDR'])"
+    command = [sys.executable, "-m", "scalerun", "exec", "--host-side", "--", *exec_words(box),
+               "python", "-m", "scalerun", "exec", "--", "python", "-c", inside, "a b"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["3", "1"]
+    assert done.stdout.split() == ["3", "1", "nid000001"]
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["argv"][:7] == [
-        "exec",
-        "-B",
-        "/opt/cray",
-        "-B",
-        "/s:/d",
-        "/images/pt.sif",
-        sys.executable,
-    ]
+    start = record["argv"].index(image)
+    assert record["argv"][0] == "exec" and record["argv"][start - 4:start] == [
+        "-B", str(cray), "-B", f"{data}:/d"]
+    assert record["argv"][start + 5:start + 9] == ["python", "-m", "scalerun", "exec"]
     assert record["argv"][-1] == "a b"
-    assert (record["RANK"], record["MASTER_ADDR"]) == ("3", "nid000001")
+    # the host side handed the runtime SLURM's variables only: the rank's are set in the image
+    assert (record["RANK"], record["MASTER_ADDR"]) == (None, None)

@@ -19,7 +19,6 @@ them with the training step that holds them; without ``--overlap`` it would wait
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from hostlist import expand_hostlist
 
 from scalerun.errors import ScalerunError
 from scalerun.monitor.node import node_command
+from scalerun.shell import shell_quote
 
 JOB_ID = re.compile(r"\d+(?:_\d+)?")
 """``123456``, or ``123456_7`` for a task of a job array."""
@@ -164,8 +164,8 @@ def attach_command(job: JobInfo, monitor_dir: Path, *, interval_s: float,
     """
     count = len(job.nodes)
     sampler = node_command(Path(OUT_WORD), interval_s=interval_s, python=python, flush_s=0)
-    out = f'{shlex.quote(str(monitor_dir))}/"${{SLURMD_NODENAME:-$(hostname)}}".jsonl'
-    script = "exec " + " ".join(out if word == OUT_WORD else shlex.quote(word) for word in sampler)
+    out = f'{shell_quote(str(monitor_dir))}/"${{SLURMD_NODENAME:-$(hostname)}}".jsonl'
+    script = "exec " + " ".join(out if word == OUT_WORD else shell_quote(word) for word in sampler)
     gpus = step_gpus(job)
     return ["srun", "--overlap", f"--jobid={job.job_id}", f"--nodes={count}",
             f"--ntasks={count}", "--ntasks-per-node=1", *gpu_words(gpus),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from scalerun.scaling.progress import StudyProgress, default_progress
 from scalerun.scaling.report import ReportFiles, write_reports
 from scalerun.scaling.results import SizeResult, run_metrics
 from scalerun.scaling.summary import Summary, summarize
+from scalerun.shell import shell_quote
 
 RUNS = "runs"
 DONE_FILE = "done.json"
@@ -265,7 +265,7 @@ def run_logged(command: list[str], log: Path, timeout_s: float | None = None) ->
     (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        out.write(f"$ {shlex.join(redact_words(command, secret_values(os.environ)))}\n")
+        out.write("$ " + " ".join(shell_quote(w) for w in redact_words(command, secret_values(os.environ))) + "\n")
         out.flush()
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
