@@ -30,6 +30,7 @@ LUMI_FACTS = [
     ("container.modules.load", ("singularity-AI-bindings",)),
     ("network.nic_gbits", 200.0),  # Slingshot-11
     ("network.nics_per_node", 4),
+    ("slurm.gpu_binding_safe", False),  # "breaks communication with RCCL" (course text 003:26)
     ("env", {"CXX": "g++-12"}),  # DeepSpeed's JIT builds inside the containers (course)
     (
         "task_env",
@@ -69,6 +70,24 @@ def test_lumi_g_mounts_the_slingshot_libraries():
 def test_shipped_profiles_load_and_name_their_file(name):
     profile = load_site(name)
     assert profile.name == name and profile.source == str(SHIPPED / f"{name}.toml")
+
+
+GPU_BINDING = [
+    # (profile text, SLURM's GPU binding safe there) - a site without the key: not safe
+    ("", False),
+    ("[slurm]\ngpu_binding_safe = true\n", True),
+    ("extends = 'lumi-g'\n", False),
+    ("extends = 'nvidia'\n", False),  # NCCL loses NVLink too (NVIDIA/nccl#1066)
+    ("extends = 'local'\n", False),
+    ("extends = 'nvidia'\n[slurm]\ngpu_binding_safe = true\n", True),
+]
+
+
+@pytest.mark.parametrize(("text", "safe"), GPU_BINDING)
+def test_whether_slurms_gpu_binding_is_safe(tmp_path, text, safe):
+    found = folders(tmp_path)
+    write(found[1].path, "site", text)
+    assert load_site("site", found).slurm.gpu_binding_safe is safe
 
 
 def folders(tmp_path: Path) -> list[Folder]:
@@ -151,6 +170,10 @@ BROKEN = [
         "slurm.cpus_per_gpu: 8 x 8 GPUs is more than the 56",
     ),
     ("[slurm]\nsbatch_args = '--x'\n", "slurm.sbatch_args: expected a list, got a string"),
+    ("[slurm]\ngpu_binding_safe = 'no'\n", "slurm.gpu_binding_safe: expected bool, got a string 'no'"),
+    ("[slurm]\ngpu_binding_safe = 0\n", "slurm.gpu_binding_safe: expected bool, got an integer 0"),
+    ("[slurm]\ngpu_bind_safe = true\n", "slurm.gpu_bind_safe: unknown key (known: "),
+    ("gpu_binding_safe = false\n", "gpu_binding_safe: unknown key"),  # it lives in [slurm]
     ("[slurm]\nsbatch_args = ['-C x']\n", "slurm.sbatch_args[0]: '-C x' is not a long option"),
     ("[node]\nreserved_cores = [0]\n", "node.reserved_cores: needs node.cores"),
     ("[env]\n'1BAD' = 'x'\n", "env.1BAD: is not a valid environment variable name"),

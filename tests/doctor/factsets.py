@@ -73,3 +73,12 @@ def lumi_rank(rank: int, nodes: int = 2) -> Facts:
 
 def lumi_job(nodes: int = 2) -> list[Facts]:
     return [lumi_rank(rank, nodes) for rank in range(8 * nodes)]
+
+
+def gpus_per_task(job: list[Facts]) -> list[Facts]:
+    """``srun --gpus-per-task=1`` on LUMI: each task's device cgroup holds one GCD, seen as 0
+    (tests/fixtures/gpu_cgroups/lumi_gpus_per_task1_task0.env), and slurmd tells every task
+    (``SLURMD_TRES_BIND``, as captured in tests/fixtures/slurm_env/*_gpus_per_task1_*)."""
+    return [replace(f, visible={"ROCR_VISIBLE_DEVICES": "0"}, gpu_count=1, gpu_index=0,
+                    slurm_gpus=(f.local_rank,), slurm_gpu_binding=("SLURMD_TRES_BIND=gpu:per_task:1",))
+            for f in job]

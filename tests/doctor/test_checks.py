@@ -23,7 +23,7 @@ from scalerun.doctor.checks import (
     run_checks,
 )
 from scalerun.doctor.facts import Facts, Smoke
-from tests.doctor.factsets import HSN, lumi_job, with_cpus
+from tests.doctor.factsets import HSN, gpus_per_task, lumi_job, with_cpus
 
 Job = list[Facts]
 
@@ -111,6 +111,19 @@ CASES: list[tuple[str, Callable[[Job], Job], dict, set[tuple[str, str]]]] = [
      {("caches", WARN)}),
     ("a GCD computes garbage", change(lambda f: f.rank == 12, smoke=Smoke(device_count=8, ok=False, max_error=3.5)),
      {}, {("gpu-smoke", FAIL)}),
+    ("srun --gpus-per-task=1 on a site that says SLURM's GPU binding is unsafe", gpus_per_task, {},
+     {("gpu-binding", WARN)}),
+    ("the same where the site says it is safe",
+     lambda job: [replace(f, gpu_binding_safe=True) for f in gpus_per_task(job)], {}, set()),
+    ("the same with --gres-flags=allow-task-sharing",
+     lambda job: [replace(f, slurm_task_sharing=True) for f in gpus_per_task(job)], {}, set()),
+    ("binding settings but no SLURM GPU list", change(lambda f: True, slurm_gpu_binding=("SLURM_GPU_BIND=closest",)),
+     {}, {("gpu-binding", WARN)}),
+    ("torchrun in one task per node holding all 8 GCDs",
+     change(lambda f: True, slurm_gpus=tuple(range(8)), slurm_gpu_binding=("SLURM_GPUS_PER_TASK=8",)), {}, set()),
+    ("one task per node with its own GCD", lambda job: [replace(f, local_world_size=1, world_size=2, rank=f.node_rank)
+                                                        for f in gpus_per_task(job) if f.local_rank == 0],
+     {}, {("world-size", WARN)}),
 ]
 
 
@@ -132,10 +145,64 @@ def verdict(verdicts: list[Verdict], check: str, level: str) -> Verdict:
 
 
 def test_shared_gcd_names_the_ranks_and_the_pci_address() -> None:
-    found = verdict(run_checks(same_gcd(lumi_job())), "gpu-shared", FAIL)
+    """On a site that says SLURM's GPU binding is safe, the old advice stays."""
+    safe = [replace(f, gpu_binding_safe=True) for f in lumi_job()]
+    found = verdict(run_checks(same_gcd(safe)), "gpu-shared", FAIL)
     assert found.ranks == (0, 1) and found.nodes == ("nid005001",)
     assert found.details == ("nid005001: ranks 0-1 on GPU 0000:c1:00.0",)
     assert "--gpus-per-task=1" in found.fix
+
+
+def device_error(job: Job) -> Job:
+    return change(lambda f: f.rank == 3, device_error="local rank 3 needs GPU 3 but this rank sees only 2",
+                  gpu_index=None, gpu_pci=None, gpu_numa=None, smoke=None)(job)
+
+
+FIXES = [
+    # (check, level, planted fault, site says safe, vendor, words the fix has, words it must not have)
+    ("gpu-shared", FAIL, same_gcd, False, "amd", ("all GPUs of its node", "ROCR_VISIBLE_DEVICES=$SLURM_LOCALID"),
+     ("gpus-per-task", "gpu-bind")),
+    ("gpu-shared", FAIL, same_gcd, False, "nvidia", ("all GPUs of its node", "LOCAL_RANK"),
+     ("gpus-per-task", "gpu-bind", "select_gpu")),
+    ("gpu-shared", FAIL, same_gcd, True, "amd", ("--gpus-per-task=1", "--gpu-bind=closest"), ()),
+    ("devices", FAIL, device_error, False, "amd", ("all GPUs of its node", "select_gpu"),
+     ("gpus-per-task", "gpu-bind")),
+    ("devices", FAIL, device_error, False, "nvidia", ("all GPUs of its node",), ("gpus-per-task", "gpu-bind")),
+    ("devices", FAIL, device_error, True, "nvidia", ("--gpus-per-task=1",), ()),
+    ("gpu-binding", WARN, gpus_per_task, False, "amd", ("drop --gpus-per-task and --gpu-bind", "all GPUs of its node"),
+     ("srun --gpus-per-task", "--gpu-bind=")),
+]
+
+
+@pytest.mark.parametrize(("check", "level", "plant", "safe", "vendor", "has", "lacks"), FIXES)
+def test_fixes_follow_what_the_site_says_of_slurms_gpu_binding(check, level, plant, safe, vendor, has,
+                                                                lacks) -> None:
+    job = [replace(f, gpu_binding_safe=safe, gpu_vendor=vendor) for f in lumi_job()]
+    found = verdict(run_checks(plant(job)), check, level)
+    assert "\n" not in found.fix
+    assert all(word in found.fix for word in has), found.fix
+    assert not any(word in found.fix for word in lacks), found.fix
+
+
+def test_slurm_gpu_binding_warns_with_the_courses_reason_per_node() -> None:
+    found = verdict(run_checks(gpus_per_task(lumi_job())), "gpu-binding", WARN)
+    assert "breaks communication with RCCL and GPU-aware MPI" in found.message  # course text 003:26
+    assert found.ranks == tuple(range(16)) and found.nodes == ("nid005001", "nid005002")
+    assert found.details == (
+        "nid005001: ranks 0-7 hold node GPUs 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 (SLURMD_TRES_BIND=gpu:per_task:1)",
+        "nid005002: ranks 8-15 hold node GPUs 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 (SLURMD_TRES_BIND=gpu:per_task:1)",
+    )
+    assert exit_code([found]) == 0  # training runs; slower, or with broken GPU-aware MPI
+
+
+@pytest.mark.parametrize(("plant", "words"), [
+    (lambda job: job, "does not split"),
+    (lambda job: [replace(f, gpu_binding_safe=True) for f in gpus_per_task(job)], "the site says"),
+    (lambda job: [replace(f, slurm_task_sharing=True) for f in gpus_per_task(job)], "allow-task-sharing"),
+])
+def test_slurm_gpu_binding_passes_say_why(plant, words) -> None:
+    found = [v for v in run_checks(plant(lumi_job())) if v.check == "gpu-binding"]
+    assert [v.level for v in found] == [PASS] and words in found[0].message
 
 
 def test_far_binding_shows_both_numa_nodes_and_the_masks_to_use() -> None:

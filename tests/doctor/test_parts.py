@@ -34,7 +34,7 @@ from scalerun.doctor.facts import cpu_layout, facts_from_dict, nccl_log_path
 from scalerun.doctor.options import DoctorError, DoctorOptions, parse_size, to_argv
 from scalerun.doctor.report import Report, render_text, to_json
 from scalerun.topology import read_node, read_online_cpus
-from tests.doctor.factsets import lumi_job
+from tests.doctor.factsets import gpus_per_task, lumi_job
 from tests.fixtures.make_sysfs import build_tree
 
 # Rows of a recorded nccl-tests run (16 H100 ranks on 2 nodes, all_reduce_perf -b 8 -e 8G):
@@ -169,6 +169,17 @@ def test_json_report_round_trips_the_facts() -> None:
     assert data["ranks"][0]["mask"] == "0xfe000000000000" and data["ranks"][0]["cpulist"] == "49-55"
     assert [facts_from_dict(rank) for rank in data["ranks"]] == list(report.facts)
     assert data["bandwidth"][0]["busbw_gbs"] == 99.74
+
+
+@pytest.mark.parametrize("plant", [
+    gpus_per_task,
+    lambda job: [replace(f, slurm_gpus=None, slurm_task_sharing=True, gpu_binding_safe=True) for f in job],
+])
+def test_json_round_trips_what_slurm_says_of_gpu_binding(plant) -> None:
+    facts = plant(lumi_job())
+    report = Report(world_size=16, facts=tuple(facts), verdicts=tuple(run_checks(facts)))
+    data = json.loads(json.dumps(to_json(report)))
+    assert [facts_from_dict(rank) for rank in data["ranks"]] == facts
 
 
 def test_failing_report_exit_code() -> None:

@@ -175,3 +175,31 @@ def test_two_nodes_report_busbw_algbw_and_the_share_of_the_sites_links(slurm_clu
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(line for line in done.stdout.splitlines() if "bandwidth " in line and "busbw" in line)
     assert "algbw" in line and "of the 0.625 GB/s of NIC bandwidth per rank the site states" in line
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("safe", "level", "words"), [
+    ("false", "WARN", "breaks communication with RCCL and GPU-aware MPI"),  # course text 003:26
+    ("true", "PASS", "the site says its GPU binding is safe"),
+])
+def test_srun_gpus_per_task_is_warned_where_the_site_says_it_is_unsafe(slurm_cluster, tmp_path: Path,
+                                                                       safe, level, words) -> None:
+    """Each of 2 x 2 tasks runs ``scalerun doctor`` under a real ``srun --gpus-per-task=1``:
+    SLURM hands every task its own fake GPU and says so (SLURMD_TRES_BIND); the site file
+    decides whether that is a WARN."""
+    site = tmp_path / "gpusite.toml"
+    site.write_text(f'extends = "local"\n[slurm]\ngpu_binding_safe = {safe}\n')
+    done = subprocess.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-task=1", "--kill-on-bad-exit=1",
+         sys.executable, "-m", "scalerun", "doctor", "--site", str(site), "--no-bandwidth", "--json"],
+        cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [(r["rank"], r["slurm_gpus"]) for r in report["ranks"]] == [(0, [0]), (1, [1]), (2, [0]), (3, [1])]
+    assert {tuple(r["slurm_gpu_binding"]) for r in report["ranks"]} == {("SLURMD_TRES_BIND=gpu:per_task:1",)}
+    found = [v for v in report["verdicts"] if v["check"] == "gpu-binding"]
+    assert [v["level"] for v in found] == [level] and words in found[0]["message"]
+    if level == "WARN":
+        assert found[0]["ranks"] == [0, 1, 2, 3] and found[0]["nodes"] == ["nid000001", "nid000002"]
+        assert found[0]["fix"].startswith("drop --gpus-per-task and --gpu-bind from the job; ")
+        assert found[0]["details"][0] == "nid000001: ranks 0-1 hold node GPUs 0 | 1 (SLURMD_TRES_BIND=gpu:per_task:1)"

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from scalerun.errors import PlacementError, ScalerunError
-from scalerun.plan.gpu import choose_device, plan_gpu, task_gpus, visible_physical
+from scalerun.plan.gpu import (
+    choose_device,
+    plan_gpu,
+    slurm_gpu_binding,
+    task_gpus,
+    visible_physical,
+)
 from scalerun.topology.model import Gpu
 
 CASES = [
@@ -32,12 +38,38 @@ def test_choose_device(name, local_rank, lws, gpus, environ, expected) -> None:
     assert choice.reason
 
 
-def test_too_few_visible_gpus_is_an_error_naming_the_fix() -> None:
+ADVICE = [
+    # (site says SLURM's GPU binding is safe, vendor, words the fix has, words it must not have)
+    (True, "nvidia", ("--gpus-per-task=1", "all GPUs of its node"), ()),
+    (True, "amd", ("--gpus-per-task=1", "--gpu-bind=closest"), ()),
+    (False, "amd", ("all GPUs of its node", "LOCAL_RANK", "ROCR_VISIBLE_DEVICES=$SLURM_LOCALID",
+                    "select_gpu"), ("gpus-per-task", "gpu-bind")),
+    (False, "nvidia", ("all GPUs of its node", "LOCAL_RANK"),
+     ("gpus-per-task", "gpu-bind", "VISIBLE_DEVICES=$SLURM_LOCALID")),
+    (False, None, ("all GPUs of its node",), ("gpus-per-task", "gpu-bind", "select_gpu")),
+]
+
+
+@pytest.mark.parametrize(("safe", "vendor", "has", "lacks"), ADVICE)
+def test_too_few_visible_gpus_is_an_error_naming_the_fix(safe, vendor, has, lacks) -> None:
+    """The fix follows the site: SLURM's GPU binding only where the site says it is safe
+    (course text 003:26, "breaks communication with RCCL and GPU-aware MPI")."""
     with pytest.raises(PlacementError) as error:
         choose_device(local_rank=5, local_world_size=8, gpu_count=4,
-                      environ={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+                      environ={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, binding_safe=safe,
+                      vendor=vendor)
     message = str(error.value)
-    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in message and "--gpus-per-task=1" in message
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in message and "\n" not in message
+    if safe:
+        assert "--gpus-per-task=1" in message
+    assert all(word in message for word in has), message
+    assert not any(word in message for word in lacks), message
+
+
+def test_choose_device_advises_no_slurm_gpu_binding_by_default() -> None:
+    with pytest.raises(PlacementError) as error:
+        choose_device(local_rank=5, local_world_size=8, gpu_count=4, environ={})
+    assert "gpus-per-task" not in str(error.value) and "gpu-bind" not in str(error.value)
 
 
 def node_gpus(count: int, vendor: str = "nvidia") -> tuple[Gpu, ...]:
@@ -186,3 +218,47 @@ def test_the_plan_names_the_node_gpu_the_task_really_has(name, local_rank, lws, 
     assert (plan.device.name, plan.physical, plan.error) == (device, physical, None)
     assert plan.runtime_index(physical) == number
     assert plan.runtime_index(7) == (7 if plan.task.physical is None else None)
+
+
+# ---------------------------------------------------------------------------
+# SLURM's GPU binding, as the doctor sees it
+# ---------------------------------------------------------------------------
+
+SLURM_ENV = Path(__file__).resolve().parents[1] / "fixtures" / "slurm_env"
+
+
+def capture(name: str) -> dict[str, str]:
+    """A task environment captured on the test cluster (tests/fixtures/slurm_env)."""
+    lines = (SLURM_ENV / name).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+BINDINGS = [
+    # (name, environment, SLURM's node numbers of the task's GPUs, binding settings, shared)
+    ("srun --gpus-per-task=1 on the test cluster, task 1",
+     capture("srun_2x2_gpus_per_task1_task1.txt"), (1,), ("SLURMD_TRES_BIND=gpu:per_task:1",
+                                                          "SLURM_GPUS_PER_TASK=1"), False),
+    ("sbatch --gpus-per-task=1, its batch script",
+     capture("sbatch_2x2_gpus_per_task1_batch_script.txt"), (0, 1), ("SLURM_GPUS_PER_TASK=1",), False),
+    ("a plain 2 x 2 step: no GPU asked for", capture("srun_2x2_task1.txt"), None, (), False),
+    ("LUMI, 1 GPU per task, renumbered", task_env("lumi_gpus_per_task1_task0.env"), (4,),
+     ("SLURM_GPUS_PER_TASK=1",), False),
+    ("LUMI, a small-g batch script", task_env("lumi_small_g_2gpu_batch.env"), (2, 3), (), False),
+    ("--gpu-bind=closest", {"SLURMD_TRES_BIND": "gpu:closest", "SLURM_STEP_GPUS": "0,1"}, (0, 1),
+     ("SLURMD_TRES_BIND=gpu:closest",), False),
+    ("newer SLURM's gres/ spelling", {"SLURMD_TRES_BIND": "gres/gpu:verbose,map_gpu:0,1"}, None,
+     ("SLURMD_TRES_BIND=gres/gpu:verbose,map_gpu:0,1",), False),
+    ("--gpu-bind=none binds nothing", {"SLURMD_TRES_BIND": "gpu:none", "SLURM_GPU_BIND": "none"},
+     None, (), False),
+    ("verbose alone binds nothing", {"SLURM_GPU_BIND": "verbose"}, None, (), False),
+    ("another TRES only", {"SLURM_TRES_BIND": "license/x:1"}, None, (), False),
+    ("allow-task-sharing", {"SLURM_GRES_FLAGS": "allow-task-sharing", "SLURM_GPUS_PER_TASK": "1",
+                            "SLURM_STEP_GPUS": "4"}, (4,), ("SLURM_GPUS_PER_TASK=1",), True),
+]
+
+
+@pytest.mark.parametrize(("name", "environ", "gpus", "settings", "shared"), BINDINGS,
+                         ids=[c[0] for c in BINDINGS])
+def test_slurm_gpu_binding(name, environ, gpus, settings, shared) -> None:
+    found = slurm_gpu_binding(environ)
+    assert (found.gpus, found.settings, found.task_sharing) == (gpus, settings, shared)

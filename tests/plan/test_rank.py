@@ -4,6 +4,7 @@ CPU set, its thread count and loader workers, and the GPU decision it carries.""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,31 @@ def test_lumi_rank_zero_gets_the_documented_ccd_with_every_cpu_allowed(trees) ->
     assert plan.binding.cpulist == "49-55" and plan.nic == "hsn0"
     assert (plan.threads, plan.loader_workers) == (4, 3)  # 7 cores: 3 feed the GPU, 4 compute
     assert plan.node.srun_cpu_bind == "mask_cpu:" + LUMI["documented"]["mask_cpu_8_ranks"]
+
+
+GPU_ADVICE = [
+    # (site, what the site says of SLURM's GPU binding, words the error has, words it lacks)
+    ("lumi-g", None, ("all GPUs of its node", "ROCR_VISIBLE_DEVICES=$SLURM_LOCALID"),
+     ("gpus-per-task", "gpu-bind")),
+    ("nvidia", None, ("all GPUs of its node",), ("gpus-per-task", "gpu-bind")),
+    ("local", None, ("all GPUs of its node",), ("gpus-per-task", "gpu-bind")),
+    (None, None, ("all GPUs of its node",), ("gpus-per-task", "gpu-bind")),
+    ("lumi-g", True, ("--gpus-per-task=1", "--gpu-bind=closest"), ()),
+]
+
+
+@pytest.mark.parametrize(("site", "safe", "has", "lacks"), GPU_ADVICE)
+def test_the_gpu_error_advises_what_the_site_allows(trees, site, safe, has, lacks) -> None:
+    """Local rank 5 of 8 seeing 4 GCDs: the one-line fix follows the site's word on SLURM's
+    GPU binding (the course, text 003:26: it "breaks communication with RCCL")."""
+    profile = load_site(site) if site else None
+    if safe is not None:
+        profile = replace(profile, slurm=replace(profile.slurm, gpu_binding_safe=safe))
+    plan = plan_rank(placed(5, 8), node(trees, "lumig"), profile,
+                     {"ROCR_VISIBLE_DEVICES": "0,1,2,3"})
+    assert plan.gpu.device.kind == "cpu" and plan.gpu.error and "\n" not in plan.gpu.error
+    assert all(word in plan.gpu.error for word in has), plan.gpu.error
+    assert not any(word in plan.gpu.error for word in lacks), plan.gpu.error
 
 
 BIND = [

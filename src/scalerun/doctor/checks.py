@@ -23,6 +23,7 @@ from scalerun.doctor.collectives import AllreduceResult, BandwidthRow, BarrierRe
 from scalerun.doctor.facts import Facts
 from scalerun.netconf.interfaces import interface_kind
 from scalerun.plan import variables
+from scalerun.plan.gpu import one_gpu_per_rank
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Nic
 
@@ -176,7 +177,7 @@ def check_devices(facts: Sequence[Facts]) -> list[Verdict]:
     errors = [f for f in facts if f.device_error]
     if errors:
         out.append(_verdict(FAIL, "devices", "a rank could not choose its GPU",
-                            "give each rank one GPU (srun --gpus-per-task=1) or let every rank see all GPUs of its node",
+                            f"give each rank its own GPU: {own_gpu_advice(facts)}",
                             errors, (f"rank {f.rank} on {f.host}: {f.device_error}" for f in errors)))
     blind = [f for f in facts if not f.simulated and f.node_gpus and f.gpu_count == 0
              and not f.device_error and not hidden_on_purpose(f.visible)]
@@ -191,6 +192,13 @@ def check_devices(facts: Sequence[Facts]) -> list[Verdict]:
                             (f"rank {f.rank} on {f.host}: {_shown(f.visible)}" for f in phantom)))
     out += _uneven_visibility(facts)
     return out or [passed("devices", _device_summary(facts))]
+
+
+def own_gpu_advice(facts: Sequence[Facts]) -> str:
+    """How to give each rank its own GPU on this job's site: SLURM's GPU binding only
+    where every rank's site says it is safe (see :func:`check_slurm_gpu_binding`)."""
+    vendor = next((f.gpu_vendor for f in facts if f.gpu_vendor), None)
+    return one_gpu_per_rank(all(f.gpu_binding_safe for f in facts), vendor)
 
 
 def hidden_on_purpose(visible: dict[str, str]) -> bool:
@@ -255,13 +263,10 @@ def check_gpu_sharing(facts: Sequence[Facts]) -> list[Verdict]:
     for level, chosen in ((FAIL, [g for g in shared if g[0].host not in crowded]),
                           (WARN, [g for g in shared if g[0].host in crowded])):
         if chosen:
-            out.append(_verdict(level, "gpu-shared", _sharing_message(level), SHARING_FIX,
+            out.append(_verdict(level, "gpu-shared", _sharing_message(level),
+                                f"one GPU per rank: {own_gpu_advice(facts)}",
                                 [f for g in chosen for f in g], map(_sharing_detail, chosen)))
     return out
-
-
-SHARING_FIX = ("one GPU per rank: srun --gpus-per-task=1 --gpu-bind=closest, or let every rank see all "
-               "GPUs and take GPU LOCAL_RANK (scalerun.init does)")
 
 
 def _sharing_message(level: str) -> str:
@@ -273,6 +278,57 @@ def _sharing_message(level: str) -> str:
 def _sharing_detail(group: list[Facts]) -> str:
     gpu = group[0].gpu_pci or f"index {group[0].gpu_index} of {_shown(group[0].visible)}"
     return f"{group[0].host}: ranks {compact(f.rank for f in group)} on GPU {gpu}"
+
+
+def check_slurm_gpu_binding(facts: Sequence[Facts]) -> list[Verdict]:
+    """SLURM's GPU binding does not split a node's GPUs between its tasks where the site
+    says that is unsafe.
+
+    Why: ``--gpus-per-task`` and ``--gpu-bind`` give each task a device cgroup of its own.
+    The course (text 003, line 26, "Why is binding not easier in Slurm?"): "Slurm GPU
+    binding is broken and uses a technique that breaks communication with RCCL and
+    GPU-aware MPI"; NCCL loses NVLink the same way (NVIDIA/nccl#1066). A node is split when
+    its ranks hold different GPUs by SLURM's numbers (``SLURM_STEP_GPUS``), or, where SLURM
+    names none, when its tasks carry a binding setting; ranks that share one task's GPUs
+    (torchrun in one task, a ``small-g`` job) or ``--gres-flags=allow-task-sharing`` are
+    not split. A WARN, not a FAIL: training still runs, slower or with broken GPU-aware MPI.
+    """
+    split = {host: group for host, group in by_host(facts).items() if _split_by_slurm(group)}
+    if not split:
+        return [passed("gpu-binding", "SLURM does not split any node's GPUs between tasks")]
+    bad = [fact for group in split.values() for fact in group]
+    details = [_binding_detail(host, group) for host, group in split.items()]
+    if any(f.slurm_task_sharing for f in bad):
+        return [passed("gpu-binding", "SLURM binds GPUs per task, but its tasks share the job's "
+                       "GPUs (--gres-flags=allow-task-sharing)")]
+    if all(f.gpu_binding_safe for f in facts):
+        return [passed("gpu-binding", f"SLURM splits the GPUs of {len(split)} node(s) between "
+                       "tasks; the site says its GPU binding is safe")]
+    return [_verdict(WARN, "gpu-binding", GPU_BINDING_MESSAGE,
+                     f"drop --gpus-per-task and --gpu-bind from the job; {own_gpu_advice(facts)}",
+                     bad, details)]
+
+
+GPU_BINDING_MESSAGE = ("SLURM gives each task its own GPUs, which \"breaks communication with "
+                       "RCCL and GPU-aware MPI\" (LUMI AI course; NCCL loses NVLink)")
+
+
+def _split_by_slurm(group: Sequence[Facts]) -> bool:
+    """Ranks of one node whose tasks SLURM bound to different GPUs (see above)."""
+    if len(group) < 2:
+        return False
+    held = {fact.slurm_gpus for fact in group}
+    if None not in held:
+        return len(held) > 1
+    return any(fact.slurm_gpu_binding for fact in group)
+
+
+def _binding_detail(host: str, group: Sequence[Facts]) -> str:
+    held = " | ".join(",".join(map(str, f.slurm_gpus)) if f.slurm_gpus is not None else "?"
+                      for f in group)
+    settings = sorted({setting for f in group for setting in f.slurm_gpu_binding})
+    shown = f" ({', '.join(settings)})" if settings else ""
+    return f"{host}: ranks {compact(f.rank for f in group)} hold node GPUs {held}{shown}"
 
 
 # ---------------------------------------------------------------------------
@@ -622,6 +678,7 @@ CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
     check_devices,
     check_gpu_count,
     check_gpu_sharing,
+    check_slurm_gpu_binding,
     check_cpu_binding,
     check_numa,
     check_interfaces,

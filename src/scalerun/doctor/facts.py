@@ -24,7 +24,7 @@ from scalerun.netconf.plugin import find_plugins
 from scalerun.netconf.settings import Setting
 from scalerun.netconf.versions import rocm_version
 from scalerun.placement import node_name
-from scalerun.plan.gpu import visible_devices
+from scalerun.plan.gpu import slurm_gpu_binding, visible_devices
 from scalerun.topology.cpulist import cpus_to_mask, format_cpulist
 from scalerun.topology.model import Gpu, Topology, gpu_numa
 
@@ -78,6 +78,17 @@ class Facts:
     """The plan's one line when the node runs more ranks than it has GPUs (NCCL refuses)."""
     node_gpus: int = 0
     """GPUs the node has, from its PCI devices."""
+    slurm_gpus: tuple[int, ...] | None = None
+    """The node's numbers of the GPUs SLURM gave this task (``SLURM_STEP_GPUS``, else
+    ``SLURM_JOB_GPUS``); None where SLURM names none."""
+    slurm_gpu_binding: tuple[str, ...] = ()
+    """``NAME=value`` of the SLURM settings that bind this task to GPUs
+    (``SLURMD_TRES_BIND=gpu:per_task:1`` under ``srun --gpus-per-task=1``)."""
+    slurm_task_sharing: bool = False
+    """``--gres-flags=allow-task-sharing`` (``SLURM_GRES_FLAGS``): tasks keep access to
+    all of the job's GPUs on their node."""
+    gpu_binding_safe: bool = False
+    """The site says SLURM's GPU binding is safe there (``[slurm] gpu_binding_safe``)."""
     simulated: bool = False
     """The node was read from a fixture tree, not from this machine's /sys."""
     cpus: tuple[int, ...] = ()
@@ -137,12 +148,13 @@ class Facts:
 
 def facts_from_dict(data: Mapping[str, Any]) -> Facts:
     """Rebuild facts from their JSON form (``--json`` output, recorded runs)."""
-    tuples = {"cpus", "cores", "cpu_numas", "node_cpus", "plugins"}
+    tuples = {"cpus", "cores", "cpu_numas", "node_cpus", "plugins", "slurm_gpus",
+              "slurm_gpu_binding"}
     nested = {"nics", "environment", "caches"}
     names = {f.name for f in fields(Facts)}
     values = {key: value for key, value in data.items() if key in names}  # drop derived spellings
     for key in tuples & values.keys():
-        values[key] = tuple(values[key])
+        values[key] = None if values[key] is None else tuple(values[key])
     for key in nested & values.keys():
         values[key] = tuple(tuple(item) for item in values[key])
     if values.get("smoke") is not None:
@@ -285,6 +297,7 @@ def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: 
     env = os.environ if environ is None else environ
     cpus = tuple(sorted(os.sched_getaffinity(0)))
     cores, numas = cpu_layout(topology, cpus)
+    slurm = slurm_gpu_binding(env)
     return Facts(
         host=node_name(env), rank=ctx.rank, world_size=ctx.world_size,
         local_rank=ctx.local_rank, local_world_size=ctx.local_world_size,
@@ -293,7 +306,9 @@ def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: 
         gpu_pci=rank_gpu.pci, gpu_numa=gpu_numa(topology, rank_gpu.gpu) if rank_gpu.gpu else None,
         gpu_vendor=rank_gpu.gpu.vendor if rank_gpu.gpu else None, device_error=rank_gpu.error,
         gpu_count_error=plan.gpu.error if plan.gpu.too_many_ranks else None,
-        node_gpus=len(topology.gpus), simulated=simulated,
+        node_gpus=len(topology.gpus), simulated=simulated, slurm_gpus=slurm.gpus,
+        slurm_gpu_binding=slurm.settings, slurm_task_sharing=slurm.task_sharing,
+        gpu_binding_safe=plan.gpu.slurm_binding_safe,
         cpus=cpus, cores=cores, cpu_numas=numas, node_cpus=tuple(sorted(topology.online_cpus)),
         planned_cpus=plan.binding.cpulist, suggested_bind=plan.node.srun_cpu_bind,
         **network_facts(topology, plan, env),

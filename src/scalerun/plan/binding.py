@@ -230,7 +230,7 @@ def _moved_note(topology: Topology, rank: int, gpu: Gpu | None, node: int) -> st
     return (
         f"rank {rank}: {where} where this process may use no CPU "
         f"(allowed {format_cpulist(topology.allowed_cpus)}); bound to NUMA {node} instead: "
-        "ask the launcher for the GPU's cores (whole node, or --gpu-bind=closest)"
+        "ask the launcher for the GPU's cores (whole node, or --gres-flags=enforce-binding)"
     )
 
 

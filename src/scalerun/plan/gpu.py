@@ -19,6 +19,14 @@ visibility variables, the node's in ``SLURM_STEP_GPUS`` (a step) or ``SLURM_JOB_
 (the batch script). :func:`task_gpus` compares them, so the plan names the node's GPU
 the task really has. cgroup v2 shows no device list in any file, hence SLURM's variables.
 
+That per-task cgroup is also why scalerun does not advise SLURM's GPU binding. The course
+(text 003 of docs/course.md, ``seeds/003_9e5fe229132c115c.txt`` line 26, in the remark
+"Why is binding not easier in Slurm?"): "Slurm GPU binding is broken and uses a technique
+that breaks communication with RCCL and GPU-aware MPI"; NCCL loses NVLink the same way
+(NVIDIA/nccl#1066). A site profile says whether it is safe there (``[slurm]
+gpu_binding_safe``, false by default); :func:`one_gpu_per_rank` words the advice from it,
+and :func:`slurm_gpu_binding` reads what the doctor needs to see a job that uses it anyway.
+
 Pure: the environment and the GPU count come in as arguments; nothing here imports torch.
 """
 
@@ -60,6 +68,30 @@ class TaskGpus:
 
 NO_TASK_GPUS = TaskGpus(None, "no SLURM GPU list")
 
+#: Where SLURM tells a task that it binds GPUs to tasks: the step's ``--gpus-per-task`` /
+#: ``--gpu-bind`` as slurmd hands them to every task (``SLURMD_TRES_BIND``, e.g.
+#: ``gpu:per_task:1``, seen on the test cluster's SLURM 22.05), and the job's options
+#: that srun inherits from sbatch/salloc (and newer SLURM's ``--tres-bind``).
+SLURM_BINDING_VARIABLES = ("SLURMD_TRES_BIND", "SLURM_TRES_BIND", "SLURM_GPU_BIND",
+                           "SLURM_GPUS_PER_TASK")
+#: ``--gres-flags=allow-task-sharing`` (srun reads it from here too): every task keeps
+#: access to all of the job's GPUs on its node, so SLURM's binding only sets visibility.
+TASK_SHARING = "allow-task-sharing"
+
+
+@dataclass(frozen=True)
+class SlurmGpuBinding:
+    """What SLURM says about binding this task to GPUs: the doctor compares it between
+    the ranks of a node to see whether SLURM split the node's GPUs between its tasks."""
+
+    gpus: tuple[int, ...] | None
+    """The node's numbers of the GPUs SLURM gave this task (``SLURM_STEP_GPUS``, else
+    ``SLURM_JOB_GPUS``); None where SLURM names none."""
+    settings: tuple[str, ...]
+    """``NAME=value`` of each variable that binds GPUs per task (none-policies left out)."""
+    task_sharing: bool
+    """``SLURM_GRES_FLAGS`` holds allow-task-sharing: the tasks share the job's GPUs."""
+
 
 @dataclass(frozen=True)
 class DeviceChoice:
@@ -95,6 +127,9 @@ class GpuPlan:
     """The error is more ranks per node than GPUs (the doctor's gpu-count FAIL)."""
     task: TaskGpus = NO_TASK_GPUS
     """The GPUs this task's device cgroup holds, from SLURM's variables."""
+    slurm_binding_safe: bool = False
+    """The site says SLURM's GPU binding is safe (``[slurm] gpu_binding_safe``): the
+    advice in ``error`` may then name ``--gpus-per-task``."""
 
     def runtime_index(self, physical: int) -> int | None:
         """The number of the node's GPU ``physical`` in this task's visibility variables:
@@ -163,6 +198,49 @@ def task_gpus(environ: Mapping[str, str], gpus: Sequence[Gpu]) -> TaskGpus:
         f"{_listed(ids)}, numbered 0-{len(ids) - 1}"))
 
 
+def slurm_gpu_binding(environ: Mapping[str, str]) -> SlurmGpuBinding:
+    """This task's GPUs in SLURM's node numbering and the settings that bound them."""
+    found = _slurm_gpu_list(environ)
+    settings = tuple(f"{name}={environ[name]}" for name in SLURM_BINDING_VARIABLES
+                     if name in environ and _binds_gpus(name, environ[name]))
+    flags = environ.get("SLURM_GRES_FLAGS", "").replace(",", " ").split()
+    return SlurmGpuBinding(gpus=tuple(found[1]) if found else None, settings=settings,
+                           task_sharing=TASK_SHARING in flags)
+
+
+def _binds_gpus(name: str, value: str) -> bool:
+    """Whether a binding variable binds GPUs: a TRES list's ``gpu:``/``gres/gpu:`` part,
+    or the value itself, holds a policy other than ``none`` (``verbose`` only reports)."""
+    if name.endswith("TRES_BIND"):
+        parts = [part.split(":", 1) for part in value.replace("+", ";").split(";")]
+        gpu = [rest[0] for key, *rest in parts if key.strip() in ("gpu", "gres/gpu") and rest]
+        if not gpu:
+            return False
+        value = gpu[0]
+    if name == "SLURM_GPUS_PER_TASK":
+        return bool(value.strip())
+    policies = {part.strip() for part in value.split(",")} - {"", "verbose"}
+    return bool(policies) and policies != {"none"}
+
+
+def one_gpu_per_rank(binding_safe: bool, vendor: str | None = None) -> str:
+    """How to give every rank a GPU of its own, for one-line messages and fixes.
+
+    Where the site says SLURM's GPU binding is not safe (the default, see the module
+    docstring), it names neither ``--gpus-per-task`` nor ``--gpu-bind``: what scalerun
+    does instead, and on AMD nodes LUMI's ``select_gpu`` wrapper, which narrows only the
+    runtime's view (``ROCR_VISIBLE_DEVICES``), not the task's device cgroup.
+    """
+    if binding_safe:
+        return ("srun --gpus-per-task=1 --gpu-bind=closest, or let every rank see all GPUs "
+                "of its node and take GPU LOCAL_RANK")
+    advice = ("let every rank see all GPUs of its node and take GPU LOCAL_RANK "
+              "(scalerun.init does, and binds the cores next to it)")
+    if vendor == "amd":
+        advice += f", or set {RANK_VISIBILITY['amd']}=$SLURM_LOCALID per rank as LUMI's select_gpu does"
+    return advice
+
+
 def _slurm_gpu_list(environ: Mapping[str, str]) -> tuple[str, list[int]] | None:
     for name in SLURM_GPU_VARIABLES:
         ids = _indices(environ.get(name))
@@ -195,9 +273,14 @@ def _listed(indices: Sequence[int]) -> str:
 
 
 def choose_device(
-    *, local_rank: int, local_world_size: int, gpu_count: int, environ: Mapping[str, str]
+    *, local_rank: int, local_world_size: int, gpu_count: int, environ: Mapping[str, str],
+    binding_safe: bool = False, vendor: str | None = None,
 ) -> DeviceChoice:
-    """Pick the GPU of this rank from how many it sees (``gpu_count``) and its local rank."""
+    """Pick the GPU of this rank from how many it sees (``gpu_count``) and its local rank.
+
+    ``binding_safe`` and ``vendor`` only word the fix of the error
+    (:func:`one_gpu_per_rank`).
+    """
     shown = shown_visibility(environ)
     if gpu_count == 0:
         return DeviceChoice("cpu", None, f"no GPU visible ({shown})")
@@ -209,8 +292,8 @@ def choose_device(
         )
     raise PlacementError(
         f"local rank {local_rank} needs GPU {local_rank} but this rank sees only {gpu_count} "
-        f"({shown}) with {local_world_size} ranks on the node; give each rank one GPU "
-        "(srun --gpus-per-task=1) or let every rank see all GPUs of the node"
+        f"({shown}) with {local_world_size} ranks on the node; give each rank its own GPU: "
+        f"{one_gpu_per_rank(binding_safe, vendor)}"
     )
 
 
@@ -247,11 +330,13 @@ def plan_gpu(
     environ: Mapping[str, str],
     visible_count: int | None = None,
     backend: str | None = None,
+    slurm_binding_safe: bool = False,
 ) -> GpuPlan:
     """This rank's device and backend, from the node's GPUs and the visibility variables.
 
     ``visible_count`` is torch's own count inside a rank; elsewhere (``scalerun env``,
     a login node) it is derived from the node's GPUs and the visibility variables.
+    ``slurm_binding_safe``: the site's ``[slurm] gpu_binding_safe``, for the advice.
     """
     vendor = gpus[0].vendor if gpus else None
     task = task_gpus(environ, gpus)
@@ -260,7 +345,8 @@ def plan_gpu(
         len(physical) if physical is not None else len(gpus))
     node_gpus = len(gpus) or visible
     asked = requested_backend(backend, environ)
-    common = {"visible": visible, "node_gpus": node_gpus, "vendor": vendor, "task": task}
+    common = {"visible": visible, "node_gpus": node_gpus, "vendor": vendor, "task": task,
+              "slurm_binding_safe": slurm_binding_safe}
     if visible == 0:
         return _cpu_plan(asked, f"no GPU visible ({shown_visibility(environ)})", common)
     if local_world_size > node_gpus and asked not in (None, "nccl"):
@@ -269,7 +355,8 @@ def plan_gpu(
     too_many = local_world_size > node_gpus
     try:
         choice = choose_device(local_rank=local_rank, local_world_size=local_world_size,
-                               gpu_count=visible, environ=environ)
+                               gpu_count=visible, environ=environ,
+                               binding_safe=slurm_binding_safe, vendor=vendor)
     except PlacementError as error:
         message = too_many_ranks(local_world_size, node_gpus, environ) if too_many else str(error)
         return GpuPlan(device=DeviceChoice("cpu", None, message), backend=asked or "nccl",

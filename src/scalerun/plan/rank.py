@@ -235,7 +235,8 @@ def plan_rank(
     opts = options or PlanOptions()
     gpu = plan_gpu(local_rank=placement.local_rank, local_world_size=placement.local_world_size,
                    gpus=topology.gpus, environ=environ, visible_count=opts.visible_gpus,
-                   backend=opts.backend)
+                   backend=opts.backend,
+                   slurm_binding_safe=site.slurm.gpu_binding_safe if site else False)
     node = plan_node(topology, placement.local_world_size, site,
                      hyperthreads=wants_hyperthreads(opts.hyperthreads, environ),
                      reserved=opts.reserved,

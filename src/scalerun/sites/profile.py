@@ -80,6 +80,13 @@ class SlurmDefaults:
     None: scalerun's 120; 0: no warning. Longer than a step plus a checkpoint save."""
     requeue: bool = False
     """Jobs requeue themselves after saving on the warning (``--requeue``/``--no-requeue``)."""
+    gpu_binding_safe: bool = False
+    """SLURM's own GPU binding (``--gpus-per-task``, ``--gpu-bind``) leaves the GPUs of a
+    node able to talk to each other here. It gives each task a device cgroup of its own,
+    which on LUMI "breaks communication with RCCL and GPU-aware MPI" (the course, text
+    003 line 26) and costs NCCL its NVLink path on NVIDIA nodes, so the default is false:
+    scalerun then never advises those options, and the doctor WARNs when a job uses them.
+    Set true only where the site has checked that GPU-to-GPU traffic survives them."""
 
     def __post_init__(self) -> None:
         check_time("time", self.time)
