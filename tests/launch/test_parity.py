@@ -20,8 +20,8 @@ import pytest
 
 from scalerun.commands import launch_flags
 from scalerun.launch.backend import backend_for, backend_named
-from scalerun.launch.local.job import rank_environment
 from scalerun.launch.slurm.job import split_env
+from scalerun.plan.launch import rank_environment
 from tests.launch.requests import parse_launch
 
 SCALERUN = [sys.executable, "-m", "scalerun"]

@@ -18,10 +18,10 @@ import pytest
 from scalerun.cli import build_parser
 from scalerun.errors import LaunchError, ScalerunError, SiteError
 from scalerun.launch import hang as launch_hang
-from scalerun.launch.local.job import rank_environment
 from scalerun.launch.local.tail import tail_whole_lines
 from scalerun.launch.slurm.render import program_words
 from scalerun.netconf.decide import RankFacts, decide_environment
+from scalerun.plan.launch import rank_environment
 from scalerun.runtime import hang, stacks
 from scalerun.runtime.init import _timeout
 from scalerun.sites.profile import RuntimeDefaults, SiteProfile, build

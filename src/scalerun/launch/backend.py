@@ -24,6 +24,7 @@ from scalerun.plan.request import LaunchRequest
 
 BACKENDS = (
     # Tried in this order: the first backend that takes a request carries it out.
+    "scalerun.launch.mpirun",  # --mode mpirun: Open MPI's mpirun on this machine
     "scalerun.launch.slurm",  # any SLURM flag (--nodes, --site, --container...): a job script
     "scalerun.launch.local",  # everything else: torch elastic on this machine
 )

@@ -33,6 +33,7 @@ Pure: the request, the site profile and the launching interpreter in, a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -49,6 +50,7 @@ from scalerun.plan.request import (
     Program,
     check_mount,
 )
+from scalerun.shell import expand_template
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import freeze
 
@@ -153,6 +155,25 @@ class LaunchPlan:
     def variables(self) -> dict[str, str]:
         """The variables by name, as planned (policies and templates not applied)."""
         return {variable.name: variable.value for variable in self.env}
+
+
+def rank_environment(env: tuple[RankVariable, ...], environ: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher adds to ``environ`` for its ranks: a flag's value always, a default only
+    where ``environ`` has none; ``${VAR}`` in a template expands against ``environ``.
+
+    Why here: every backend that starts ranks from its own environment (torch elastic's
+    agent, mpirun) applies the plan's policies the same way; the SLURM backend writes the
+    same policies as shell lines (``[[ -v NAME ]] || export``). Pure: ``environ`` is given.
+    """
+    added: dict[str, str] = {}
+    for variable in env:
+        if variable.keep_user and variable.name in environ:
+            continue
+        value = variable.value
+        if variable.template:
+            value = expand_template(value, {**environ, **added}, what=f"{variable.source} {variable.name}")
+        added[variable.name] = value
+    return added
 
 
 def plan_launch(

@@ -21,7 +21,7 @@ from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local import tail
-from scalerun.launch.local.job import LocalJob, rank_environment
+from scalerun.launch.local.job import LocalJob
 from scalerun.launch.observe import (
     closing_summary,
     failure_lines,
@@ -30,6 +30,7 @@ from scalerun.launch.observe import (
     stop_sampler,
     write_run_files,
 )
+from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
 
 

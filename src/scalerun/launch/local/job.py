@@ -6,21 +6,19 @@ environment its ranks inherit. This module turns the plan into exactly those, an
 local-only choices (rendezvous, output prefixes, which local ranks to show) from
 :class:`~scalerun.plan.request.LocalOptions`. It decides nothing the plan decided.
 
-Pure, but for :func:`rank_environment`, which applies the plan's policies against the
-environment the launch runs in (a flag's value replaces the shell's, a default does not).
+Pure. The plan's policies (a flag's value replaces the shell's, a default does not) are
+applied where the agent starts, by :func:`scalerun.plan.launch.rank_environment`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
 from scalerun.plan.request import ObserveRequest
-from scalerun.shell import expand_template
 
 RANK_PREFIX = "[rank${rank}]: "
 PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
@@ -116,20 +114,6 @@ def torchrun_argv(plan: LaunchPlan) -> list[str]:
     if program.entry == "executable":
         argv.append("--no-python")
     return [*argv, program.script, *program.args]
-
-
-def rank_environment(env: tuple[RankVariable, ...], environ: Mapping[str, str]) -> dict[str, str]:
-    """What the agent adds to ``environ`` for its ranks: a flag's value always, a default only
-    where ``environ`` has none; ``${VAR}`` in a template expands against ``environ``."""
-    added: dict[str, str] = {}
-    for variable in env:
-        if variable.keep_user and variable.name in environ:
-            continue
-        value = variable.value
-        if variable.template:
-            value = expand_template(value, {**environ, **added}, what=f"{variable.source} {variable.name}")
-        added[variable.name] = value
-    return added
 
 
 def show(job: LocalJob) -> str:
