@@ -438,17 +438,25 @@ def resolve_deepspeed_config(path: str | None) -> str | None:
 
 def job_of(request: LaunchRequest, backend: Any) -> Any:
     """Plan ``request`` once, on its site, and let ``backend`` make its job of the plan."""
+    return backend.make_job(plan_of(request, backend))
+
+
+def plan_of(request: LaunchRequest, backend: Any) -> Any:
     from scalerun.plan.launch import plan_launch
 
-    plan = plan_launch(request, load_site(request.site), host_python=sys.executable,
+    return plan_launch(request, load_site(request.site), host_python=sys.executable,
                        allocates_nodes=backend.allocates_nodes)
-    return backend.make_job(plan)
 
 
 def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) -> int:
-    """The whole pipeline: plan, job, then ``--dry-run``'s text or the run's exit code."""
-    job = job_of(request, backend)
+    """The whole pipeline: plan, job, then ``--dry-run``'s text, or the run-directory files
+    the plan decided (written here, for every backend) and the run's exit code."""
+    from scalerun.launch.observe import write_run_files
+
+    plan = plan_of(request, backend)
+    job = backend.make_job(plan)
     if request.dry_run:
         sys.stdout.write(backend.show(job))
         return 0
+    write_run_files(plan.run_files)
     return backend.run(job, environ)

@@ -28,7 +28,6 @@ from scalerun.launch.observe import (
     prepare_run_dir,
     start_sampler,
     stop_sampler,
-    write_run_files,
 )
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
@@ -58,7 +57,6 @@ def _observed(job: LocalJob) -> int:
     prepare_run_dir(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
                               "nnodes": plan.nodes, "script": plan.program.script,
                               "script_args": list(plan.program.args)})
-    write_run_files(plan.run_files)
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
     sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
     code, failure, start = 1, None, time.time()

@@ -23,7 +23,6 @@ from pathlib import Path
 from scalerun.errors import LaunchError
 from scalerun.files import write_text_atomic
 from scalerun.launch.debug import findings
-from scalerun.launch.observe import write_run_files
 from scalerun.launch.slurm.job import SlurmJob
 from scalerun.launch.slurm.render import check_secrets_exported, render_sbatch, secret_handoff
 from scalerun.plan import variables
@@ -226,8 +225,6 @@ def run_job(job: SlurmJob, environ: Mapping[str, str], *, wait: bool) -> int:
     run_dir = Path(job.run_dir)
     text = render_sbatch(job)
     handed = secret_handoff(job, environ)
-    if job.plan is not None:
-        write_run_files(job.plan.run_files)
     script = write_script(text, run_dir)
     if environ.get("SLURM_JOB_ID"):
         return _run_inside(job, script, {**environ, **handed})
