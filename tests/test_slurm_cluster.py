@@ -448,6 +448,9 @@ def test_the_check_runs_first_and_a_fail_ends_the_job_before_training(slurm_clus
     assert done.returncode != 0, log
     assert "FAIL  interface" in log and "nmn0 is a management interface" in log
     assert "PROBE " not in log  # training never started
+    # and the launcher says why, in one line: the check's FAIL, not "rank 0 exited with 1"
+    said = [line for line in done.stderr.splitlines() if "the in-job check failed" in line]
+    assert len(said) == 1 and "FAIL interface" in said[0], done.stderr
     passing = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "1", "--wait",
                        "--run-dir", str(tmp_path / "ok"), "--no-monitor", PROBE, "x")
     text = job_log(tmp_path / "ok")

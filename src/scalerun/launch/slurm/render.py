@@ -363,6 +363,9 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
     return lines + ["    exit 0", "fi", 'exit "$code"']
 
 
+CHECK_FAILED = "scalerun: the check failed"
+"""What the job script prints when its first step, the in-job check, failed; the launcher
+that follows the job finds it in the log and says why in one line."""
 CHECK_ARGS = ("--quick", "--timeout=60")
 """What the job's first step runs on every rank: the short doctor (see doctor.options)."""
 
@@ -400,6 +403,6 @@ def _check_step(job: SlurmJob) -> list[str]:
         f"    export {variables.MONITOR}=0",
         "    " + " \\\n        ".join(rendered),
         ") || check=$?",
-        'if (( check )); then echo "scalerun: the check failed (exit code $check): see its FAIL lines above" >&2; exit "$check"; fi',
+        f'if (( check )); then echo "{CHECK_FAILED} (exit code $check): see its FAIL lines above" >&2; exit "$check"; fi',
         "",
     ]

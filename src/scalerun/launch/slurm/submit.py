@@ -24,7 +24,12 @@ from scalerun.errors import LaunchError
 from scalerun.files import write_text_atomic
 from scalerun.launch.debug import findings
 from scalerun.launch.slurm.job import SlurmJob
-from scalerun.launch.slurm.render import check_secrets_exported, render_sbatch, secret_handoff
+from scalerun.launch.slurm.render import (
+    CHECK_FAILED,
+    check_secrets_exported,
+    render_sbatch,
+    secret_handoff,
+)
 from scalerun.plan import variables
 
 FINAL_STATES = {
@@ -204,11 +209,16 @@ def failure_summary(log_text: str) -> str:
 
 
 def failure_lines(log_text: str, run_dir: Path, since: float | None = None) -> list[str]:
-    """Why a job failed, in one or two lines: when the ranks' hang watchdogs ended it, what
-    their stack files in ``run_dir`` say (written at or after ``since``, the submission),
-    which names the ranks that were not in a collective; else the failed ranks of the log."""
+    """Why a job failed, in one or two lines: when the in-job check ended it, the check's
+    first FAIL line (with its fix); when the ranks' hang watchdogs ended it, what their
+    stack files in ``run_dir`` say (written at or after ``since``, the submission), which
+    names the ranks that were not in a collective; else the failed ranks of the log."""
     from scalerun.launch.hang import hang_lines
 
+    if CHECK_FAILED in log_text:
+        fails = [line.strip() for line in log_text.splitlines() if line.strip().startswith("FAIL ")]
+        first = " ".join(fails[0].split()) if fails else "see the job log"
+        return [f"the in-job check failed before training: {first}"]
     return hang_lines(run_dir, since) or [failure_summary(log_text)]
 
 
