@@ -32,7 +32,7 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
     try:
         make_dirs(observe.run_dir)
     except OSError as error:
-        raise LaunchError(f"cannot create --run-dir {observe.run_dir}: {error.strerror}; "
+        raise LaunchError(f"cannot write --run-dir {observe.run_dir}: {error.strerror}; "
                           "choose a writable place") from None
     record = redact_data({"command": sys.argv, "start": time.time(), **what},
                          secret_values(os.environ))
@@ -47,7 +47,7 @@ def write_run_files(files: tuple[tuple[Path, str], ...]) -> None:
         try:
             make_dirs(path.parent)
         except OSError as error:
-            raise LaunchError(f"cannot create --run-dir {path.parent}: {error.strerror}; "
+            raise LaunchError(f"cannot write --run-dir {path.parent}: {error.strerror}; "
                               "choose a writable place") from None
         write_text_atomic(path, text, what="--run-dir")
 
