@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.plan import variables
 from scalerun.version import __version__
 from tests.fixtures.make_sysfs import build_tree, load
 from tests.report.runs import Job, write_job
@@ -302,7 +303,7 @@ def test_ranks_here_without_torch_say_so_in_one_line(name: str, torch_free: Venv
     words, needed_for = NEED_TORCH_HERE[name]
     runs = tmp_path / "runs"
     done = torch_free.run(*[word.format(script=inputs["script"]) for word in words],
-                          env={**os.environ, "SCALERUN_RUNS": str(runs)})
+                          env={**os.environ, variables.RUNS: str(runs)})
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"scalerun {words[0]}: error: torch is needed for {needed_for}")
