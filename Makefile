@@ -1,6 +1,7 @@
 # The two set-up commands of the README: `make demo` and `make test`.
 # Both create .venv when missing, install the pinned CPU torch first (an unpinned torch
-# would pull a multi-GB CUDA build), then the project; both are idempotent.
+# would pull a multi-GB CUDA build), then the project with the extras they need (torch is
+# an extra: the launcher side installs without it); both are idempotent.
 
 PYTHON ?= python3
 VENV := .venv
@@ -18,6 +19,12 @@ $(VENV)/.torch-$(TORCH_VERSION): | $(PY)
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
 	touch $@
 
+# The demo: torch (already the pinned one) and the example's h5py.
+$(VENV)/.demo: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[torch,example]'
+	touch $@
+
+# The tests: the test extra holds torch and h5py too, and the test tools.
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
@@ -33,7 +40,7 @@ $(VENV)/.extras: $(VENV)/.installed scripts/install_horovod.sh
 
 extras: $(VENV)/.extras
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
 test: $(VENV)/.installed $(VENV)/.extras

@@ -27,3 +27,8 @@ class SiteError(ScalerunError):
 
 class LaunchError(ScalerunError):
     """A launch request cannot be carried out (bad flags, missing script, failed rank)."""
+
+
+class TorchMissingError(ScalerunError):
+    """This Python has no torch, and what was asked runs ranks here (the launcher side,
+    which only writes and submits them, needs none)."""

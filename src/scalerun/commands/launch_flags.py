@@ -321,6 +321,9 @@ def resolve_nproc_words(request: LaunchRequest, args: argparse.Namespace) -> Lau
     word = str(getattr(args, "nproc_per_node", None))
     if word not in NPROC_WORDS:
         return request
+    from scalerun.needs_torch import import_torch
+
+    import_torch(f"--nproc-per-node {word} (torchrun's count of this machine's devices)")
     from torch.distributed.run import determine_local_world_size
 
     try:

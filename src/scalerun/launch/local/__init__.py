@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scalerun.launch.local.job import LocalJob, make_job, show
+from scalerun.needs_torch import import_torch
 from scalerun.plan.launch import LaunchPlan
 from scalerun.plan.request import LaunchRequest
 
@@ -30,6 +31,9 @@ class LocalBackend:
         return request.slurm is None and request.mode is None and not request.dry_run
 
     def make_job(self, plan: LaunchPlan) -> LocalJob:
+        """The job; without torch here, one line now, before the run directory is written
+        (the ranks and torch elastic's agent, which starts them, need it)."""
+        import_torch("local ranks (torch elastic starts them)")
         return make_job(plan)
 
     def show(self, job: LocalJob) -> str:

@@ -1,18 +1,21 @@
 """The strategies ``scalerun.wrap`` can use, by name; each is imported only when chosen.
 
 Importing this package imports no strategy module, so neither deepspeed nor horovod is
-touched until a user asks for it.
+touched until a user asks for it; nor torch, because the launcher reads a DeepSpeed config
+(:mod:`.deepspeed_config`) on a login node that may have no torch.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerun.errors import ScalerunError
-from scalerun.runtime.context import Context
-from scalerun.runtime.strategies.base import Strategy, TrainSettings, options_from
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.runtime.context import Context
+    from scalerun.runtime.strategies.base import Strategy, TrainSettings
 
 #: name -> (module, strategy class, options class)
 REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -28,6 +31,8 @@ def create(name: str, ctx: Context, settings: TrainSettings, options: Mapping[st
     """The named strategy, its options checked; nothing is set up yet."""
     if name not in REGISTRY:
         raise ScalerunError(f"strategy {name!r} is not available; use one of {', '.join(NAMES)}")
+    from scalerun.runtime.strategies.base import options_from
+
     module_name, class_name, options_name = REGISTRY[name]
     module = importlib.import_module(module_name)
     parsed = options_from(getattr(module, options_name), name, options)

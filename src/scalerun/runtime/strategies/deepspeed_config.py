@@ -8,7 +8,8 @@ always satisfy DeepSpeed's rule ``train_batch_size = micro-batch x accumulation 
 size``.
 
 Pure: no deepspeed import (only hjson, to read a file), no process group, no I/O
-besides reading the config file.
+besides reading the config file. No torch either: ``scalerun launch --deepspeed-config``
+reads the file with :func:`load_config` on a login node that may have none.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
-from scalerun.runtime.strategies.base import TrainSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.runtime.strategies.base import TrainSettings
 
 DEFAULT_ZERO_STAGE = 2
 """Stage when neither the config nor ``zero_stage=`` says (Lightning's choice too)."""
