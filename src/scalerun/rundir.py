@@ -15,6 +15,7 @@ Layout (``RUN_DIR`` is ``--run-dir``, default ``runs/NAME-TIME``)::
     RUN_DIR/monitor/<node>.ranks       the ranks of that node and their pids (for the sampler)
     RUN_DIR/profile/rank-<R>/          traces of a profiled rank
     RUN_DIR/tensorboard/               TensorBoard event files (--tensorboard)
+    RUN_DIR/events.jsonl               what happened while it ran (scalerun.events)
     RUN_DIR/stacks/rank-<R>.txt        Python stacks written when a hang is detected
     RUN_DIR/logs/                      library debug logs (--debug)
     RUN_DIR/report.md, report.html     ``scalerun report``

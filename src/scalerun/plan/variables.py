@@ -94,6 +94,9 @@ JOB_SCRIPT_FILE = "job.sbatch"
 """The job script of a SLURM launch."""
 SITE_RUN_FILE = "site.json"
 """The launch's site profile, merged and validated, as ranks read it (:data:`SITE_FILE`)."""
+EVENTS_FILE = "events.jsonl"
+"""``RUN_DIR/events.jsonl``: what happened during the run (stragglers, restarts,
+preemption, hangs), one JSON object per line; see :mod:`scalerun.events`."""
 STOPPED_FILE = "stopped-on-signal"
 """Rank 0 writes its checkpoint's path here after the ranks stopped on a signal; the job
 script requeues (or ends cleanly) on it."""
