@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,13 @@ from scalerun.cli import main
 from scalerun.commands.exec_ import srun_cpu_bind_here
 from scalerun.commands.launch_flags import wants_slurm
 from scalerun.errors import LaunchError, PlacementError
-from scalerun.launch.slurm.job import Resources, SlurmJob, parse_sbatch_arg, sbatch_value
+from scalerun.launch.slurm.job import (
+    OWN_OPTIONS,
+    Resources,
+    SlurmJob,
+    parse_sbatch_arg,
+    sbatch_value,
+)
 from scalerun.launch.slurm.render import (
     render_sbatch,
     secret_handoff,
@@ -236,6 +243,20 @@ SBATCH_ARGS = [
     ("--nodes=4", "writes --nodes itself"),
     ('--comment=a"b', "cannot carry"),
 ]
+
+
+@pytest.mark.parametrize("option", sorted(OWN_OPTIONS))
+def test_a_refused_sbatch_option_names_a_flag_that_exists(option, capsys):
+    """The fix in the refusal names scalerun launch flags that the parser really has."""
+    with pytest.raises(LaunchError) as refused:
+        parse_sbatch_arg(f"--{option}=1")
+    message = str(refused.value)
+    assert f"writes --{option} itself; " in message
+    with pytest.raises(SystemExit):
+        parse_cli("--help")
+    flags = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+    named = set(re.findall(r"--[a-z][a-z-]*", message.split("itself; ", 1)[1]))
+    assert named and named <= flags, f"{option}: {named - flags} are no launch flags"
 
 
 @pytest.mark.parametrize(("text", "expected"), SBATCH_ARGS)

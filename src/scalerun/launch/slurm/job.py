@@ -33,28 +33,21 @@ MODES = ("srun", "torchrun")
 SBATCH_BARE = re.compile(r"[A-Za-z0-9_.,:/=+%@\-\[\]*&|!^~]+")
 SBATCH_ARG = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.*))?", re.DOTALL)
 # Options scalerun writes itself; an --sbatch-arg repeating one would contradict srun's.
-OWN_OPTIONS = {
-    "job-name",
-    "partition",
-    "account",
-    "time",
-    "nodes",
-    "ntasks-per-node",
-    "cpus-per-task",
-    "gpus-per-node",
-    "mem",
-    "mem-per-gpu",
-    "output",
-    "error",
-    "exclusive",
-    "ntasks",
-    "gpus",
-    "gres",
-    "gpus-per-task",
-    "nodes-per-task",
+# Each maps to what the user writes instead: scalerun launch's own flag, or why there is
+# none (the task and GPU counts follow from --nodes, --nproc-per-node and --gpus-per-node).
+OWN_OPTIONS: dict[str, str] = {
+    **{name: f"use scalerun launch --{name}" for name in (
+        "job-name", "partition", "account", "time", "nodes", "ntasks-per-node",
+        "cpus-per-task", "gpus-per-node", "mem", "mem-per-gpu", "output", "error",
+        "exclusive")},
+    "ntasks": "the task count follows from --nodes and --ntasks-per-node",
+    "nodes-per-task": "each task runs on one node; set --nodes",
+    "gpus": "ask for GPUs with --gpus-per-node",
+    "gres": "ask for GPUs with --gpus-per-node",
+    "gpus-per-task": "ask for GPUs with --gpus-per-node; scalerun gives each rank its GPU "
+                     "itself (SLURM's per-task GPU binding breaks communication with RCCL "
+                     "and GPU-aware MPI)",
 }
-
-
 
 
 def sbatch_value(option: str, value: str) -> str:
@@ -81,7 +74,7 @@ def parse_sbatch_arg(text: str) -> tuple[str, str | None]:
     name, value = match.group(1), match.group(2)
     if name in OWN_OPTIONS:
         raise LaunchError(
-            f"--sbatch-arg {text!r}: scalerun writes --{name} itself; use its own flag"
+            f"--sbatch-arg {text!r}: scalerun writes --{name} itself; {OWN_OPTIONS[name]}"
         )
     if value is not None:
         sbatch_value(name, value)
