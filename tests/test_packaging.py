@@ -189,9 +189,10 @@ class Venv:
                               cwd=self.workdir, env=self.env(env), capture_output=True,
                               text=True, timeout=timeout)
 
-    def python(self, code: str) -> subprocess.CompletedProcess[str]:
+    def python(self, code: str, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(python_of(self.root)), "-c", code], cwd=self.workdir,
-                              env=self.env(), capture_output=True, text=True, timeout=180)
+                              env=self.env(env), capture_output=True, text=True, timeout=180)
 
     def torch_imports(self) -> list[str]:
         return self.torch_log.read_text().splitlines() if self.torch_log.exists() else []
@@ -310,6 +311,18 @@ def test_ranks_here_without_torch_say_so_in_one_line(name: str, torch_free: Venv
     assert f"{python_of(torch_free.root)} cannot import it (No module named 'torch')" in done.stderr
     assert "pip install 'scalerun[torch]'" in done.stderr
     assert not runs.exists()  # stopped before any run directory
+
+
+def test_the_in_job_check_in_an_image_without_torch_says_so_in_one_line(
+        torch_free: Venv) -> None:
+    """The doctor's rank program (the in-job check) where the Python has no torch: a rank
+    in such an image fails with one line that names what is missing, never a traceback."""
+    done = torch_free.python("import sys; from scalerun.commands.rank_doctor import main; "
+                             "sys.exit(main([]))", env=task_env(TASK0))
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "error: torch is needed for the doctor's checks in a rank" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # --- the wheel with torch, as issue 20 asks ----------------------------------------------

@@ -30,6 +30,7 @@ from scalerun.doctor.facts import Facts, gather_facts, locate_gpu, nccl_log_path
 from scalerun.doctor.gpu import smoke_test
 from scalerun.doctor.options import DoctorOptions
 from scalerun.doctor.report import Report, render_text, to_json
+from scalerun.needs_torch import import_torch
 from scalerun.placement import node_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,8 +55,10 @@ def prepare_environment(environ: MutableMapping[str, str], gpu: bool) -> list[st
 
 
 def run(options: DoctorOptions) -> int:
-    """This rank's part of the doctor; 0 when nothing failed (always 0 with a result file)."""
-    import torch
+    """This rank's part of the doctor; 0 when nothing failed (always 0 with a result file).
+
+    In an image without torch this is one line naming what is missing, not a traceback."""
+    torch = import_torch("the doctor's checks in a rank")
 
     import scalerun
 
