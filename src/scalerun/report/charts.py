@@ -121,6 +121,6 @@ def split_figure(ranks: Sequence[RankReport]) -> Any:
     ax.set_xlabel("rank")
     ax.set_ylabel("ms per steady step")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=4, loc="lower right")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     figure.tight_layout()
     return figure
