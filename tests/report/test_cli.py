@@ -12,6 +12,7 @@ import pytest
 from scalerun.commands.report import main
 from tests.report.runs import AMD_NODE, NVIDIA_NODE, Job, Work, write_job
 
+RUN_CHARTS = ["run_scalars.png", "run_step_split.png", "run_throughput.png"]
 SLOW = Job(work={5: Work(fwd_s=0.039, bwd_s=0.078, opt_s=0.013)})
 
 
@@ -36,7 +37,7 @@ def test_text_output_and_the_files_written(run: Path, capsys) -> None:
     markdown = (run / "report.md").read_text()
     assert f"![timeline of {AMD_NODE}](report/{AMD_NODE}.png)" in markdown
     assert "| 5 | nid005530 | 40 | 145 ms | 145 ms |" in markdown
-    assert sorted(p.name for p in (run / "report").iterdir()) == [f"{NVIDIA_NODE}.png", f"{AMD_NODE}.png"]
+    assert sorted(p.name for p in (run / "report").iterdir()) == [f"{NVIDIA_NODE}.png", f"{AMD_NODE}.png", *RUN_CHARTS]
     assert (run / "report" / f"{AMD_NODE}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in run.rglob("*.tmp")]  # atomic writes leave no temporary file
 
@@ -56,7 +57,7 @@ def test_json(run: Path, capsys) -> None:
 def test_out_writes_elsewhere(run: Path, tmp_path: Path, capsys) -> None:
     code, _, _ = report(capsys, run, "--out", tmp_path / "pages")
     assert code == 0 and (tmp_path / "pages" / "report.html").is_file()
-    assert len(list((tmp_path / "pages" / "report").glob("*.png"))) == 2
+    assert len(list((tmp_path / "pages" / "report").glob("*.png"))) == 2 + len(RUN_CHARTS)
 
 
 def test_timelines_of_nodes_gone_are_removed(tmp_path: Path, capsys) -> None:
@@ -64,19 +65,7 @@ def test_timelines_of_nodes_gone_are_removed(tmp_path: Path, capsys) -> None:
     assert report(capsys, run)[0] == 0
     (run / "monitor" / f"{AMD_NODE}.jsonl").unlink()
     assert report(capsys, run)[0] == 0
-    assert [p.name for p in (run / "report").iterdir()] == [f"{NVIDIA_NODE}.png"]
-
-
-def test_without_matplotlib_the_pages_say_why(tmp_path: Path, capsys, monkeypatch) -> None:
-    run = write_job(tmp_path / "run", SLOW)
-    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
-        monkeypatch.setitem(sys.modules, name, None)  # what an environment without it gives
-    code, _, err = report(capsys, run)
-    assert code == 0
-    assert err == ("scalerun report: note: no timeline: the timelines need matplotlib: pip install "
-                   "'scalerun[plot]' (report.md and report.html are written without them)\n")
-    assert "- no timeline: the timelines need matplotlib" in (run / "report.md").read_text()
-    assert "<img" not in (run / "report.html").read_text()
+    assert sorted(p.name for p in (run / "report").iterdir()) == [f"{NVIDIA_NODE}.png", *RUN_CHARTS]
 
 
 @pytest.mark.parametrize(("setup", "argv", "message"), [
@@ -86,7 +75,9 @@ def test_without_matplotlib_the_pages_say_why(tmp_path: Path, capsys, monkeypatc
     ("empty", ["{tmp}/empty"], "{tmp}/empty is not a run directory: it has no steps/, monitor/ or run.json; "
                                "give the folder `scalerun launch` printed at start"),
     ("run", ["{tmp}/run", "--warmup-steps", "-1"], "--warmup-steps -1 must be 0 or more"),
-    ("run", ["{tmp}/run", "--out", "{tmp}/a-file"], "cannot write the report {tmp}/a-file/report.md"),
+    # the first file written is the first picture: the pages embed the pictures
+    ("run", ["{tmp}/run", "--out", "{tmp}/a-file"], "cannot write the report's plot (--out) "
+                                                    "{tmp}/a-file/report/run_scalars.png"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path: Path, capsys, setup, argv, message) -> None:
     (tmp_path / "a-file").write_text("x")

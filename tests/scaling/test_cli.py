@@ -35,6 +35,8 @@ def test_a_study_of_the_example_at_one_and_two_ranks(tmp_path, mode, per_rank, g
     done = scaling("--ranks", "1,2", "--mode", mode, "--batch", batch, "--steps", "12", "--warmup-steps", "3",
                    "--out", str(out), *flags, "--", *example_args(tmp_path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == f"scalerun scaling: results in {out} (report.md, report.html, scaling.png)"
+    assert all((out / name).is_file() for name in ("report.md", "report.html", "scaling.png"))
     results = json.loads((out / "results.json").read_text())
     sizes = sorted(results["sizes"], key=lambda s: s["ranks"])
     assert [s["ranks"] for s in sizes] == [1, 2]
@@ -52,6 +54,19 @@ def test_a_study_of_the_example_at_one_and_two_ranks(tmp_path, mode, per_rank, g
     again = scaling("--ranks", "1,2", "--mode", mode, "--batch", batch, "--steps", "12", "--warmup-steps", "3",
                     "--out", str(out), "--no-busbw", "--", *example_args(tmp_path), timeout=120)
     assert again.returncode == 0 and all(s["resumed"] for s in json.loads((out / "results.json").read_text())["sizes"])
+
+
+def test_a_study_with_nothing_finished_names_no_plot(tmp_path) -> None:
+    """Every PNG the closing line names is written: a study whose sizes all crashed draws
+    no plot, so its line does not name one."""
+    script = tmp_path / "crash.py"
+    script.write_text("raise SystemExit('no data here')\n")
+    out = tmp_path / "study"
+    done = scaling("--ranks", "1", "--steps", "12", "--no-busbw", "--out", str(out), "--", str(script),
+                   timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == f"scalerun scaling: results in {out} (report.md, report.html)"
+    assert not (out / "scaling.png").exists() and (out / "report.html").is_file()
 
 
 BAD = [

@@ -1,9 +1,8 @@
-"""``scaling.png`` is a PNG of the promised size, written whole, and its absence is one line."""
+"""``scaling.png`` is a PNG of the promised size, written whole; with nothing to plot, one line."""
 
 from __future__ import annotations
 
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -51,11 +50,3 @@ def test_one_size_still_plots(tmp_path: Path) -> None:
 def test_nothing_finished_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ScalingError, match="no size of the study finished"):
         write_plot(tmp_path / "scaling.png", [])
-
-
-def test_missing_matplotlib_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
-        monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ScalingError, match=r"needs matplotlib: pip install 'scalerun\[plot\]'"):
-        write_plot(tmp_path / "scaling.png", rows())
-    assert not (tmp_path / "scaling.png").exists()

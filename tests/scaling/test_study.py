@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,17 +253,19 @@ def test_unwritable_out_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value) and cluster.ran == []
 
 
-def test_missing_matplotlib_still_writes_the_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    study(tmp_path, ToyCluster())
-    assert (tmp_path / "study" / "scaling.png").exists()
-    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
-        monkeypatch.setitem(sys.modules, name, None)
+def test_the_files_named_are_the_files_written(tmp_path: Path) -> None:
+    """The closing line names ``out.files.names``: the plot only when it was drawn."""
     out, _ = study(tmp_path, ToyCluster())
-    assert out.files.plot is None and not (tmp_path / "study" / "scaling.png").exists()
-    data = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert out.files.names == ("report.md", "report.html", "scaling.png")
+    assert all((tmp_path / "study" / name).is_file() for name in out.files.names)
+    failed = tmp_path / "failed"
+    out, _ = study(failed, ToyCluster(fail={1, 2, 4}))  # nothing finished: nothing to plot
+    assert out.files.plot is None and not (failed / "study" / "scaling.png").exists()
+    assert out.files.names == ("report.md", "report.html")
+    data = json.loads((failed / "study" / "results.json").read_text())
     assert data["files"]["plot"] is None
-    assert any(note.startswith("no plot: scaling.png needs matplotlib") for note in data["notes"])
-    assert "scaling.png" not in (tmp_path / "study" / "report.md").read_text().split("## Notes")[0]
+    assert "no plot: no size of the study finished" in data["notes"][-1]
+    assert "scaling.png" not in (failed / "study" / "report.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -29,11 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "report",
         help="report a run: GPU use, energy, step split, slow ranks, with fixes",
         description=(
-            "Read a run directory (step logs, monitor files) and report per rank and overall: "
-            "GPU utilisation and idle share, peak memory, energy, samples/s and the split of a "
-            "step into data, compute and communication; name the ranks and nodes that slow the "
-            "run and what to change. Writes RUN_DIR/report.md and RUN_DIR/report.html (with "
-            "timelines per node under RUN_DIR/report/). Works on a running or killed job."
+            "Read a run directory (step logs, monitor files, events) and report per rank and "
+            "overall: the logged scalars (scalerun.log) against step and time, throughput over "
+            "time, GPU utilisation and idle share, peak memory, power and energy, samples/s and "
+            "the split of a step into data, compute and communication; the run's restarts, "
+            "preemptions and stragglers; name the ranks and nodes that slow the run and what to "
+            "change. Writes RUN_DIR/report.md and RUN_DIR/report.html (with its PNGs under "
+            "RUN_DIR/report/). Works on a running or killed job."
         ),
     )
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path,
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise ScalerunError(f"--warmup-steps {args.warmup_steps} must be 0 or more")
     written = write_report(args.run_dir, out_dir=args.out, warmup_steps=args.warmup_steps)
     files = {"markdown": str(written.markdown), "html": str(written.html),
-             "timelines": [str(p) for p in written.timelines], "timeline_note": written.timeline_note}
+             "timelines": [str(p) for p in written.timelines], "charts": [str(p) for p in written.charts]}
     if args.json:
         print(json.dumps(report_json(written.report, files), indent=2))
         return 0
@@ -76,8 +78,6 @@ def print_report(written: ReportFiles) -> None:
         print("verdicts:")
     for verdict in report.verdicts:
         print(f"  {verdict.severity:<5} {verdict.message}\n        fix: {verdict.fix}")
-    if written.timeline_note:
-        print(f"scalerun report: note: no timeline: {written.timeline_note}", file=sys.stderr)
     print(f"wrote {written.markdown} and {written.html}")
 
 

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     launcher = SlurmSizes(request, args) if on_slurm else LocalSizes(request, args)
     measure = None if args.no_busbw else launcher.measure_busbw
     output = run_study(request, out, launcher.run_size, measure)
-    print(f"scalerun scaling: results in {out} (report.md, report.html, scaling.png)")
+    print(f"scalerun scaling: results in {out} ({', '.join(output.files.names)})")
     return output.exit_code
 
 

@@ -3,17 +3,20 @@
 ``scalerun report RUN_DIR`` and the launcher's end-of-run summary are built from these
 parts, each one idea:
 
-- :mod:`.load`      read a run directory (step logs, monitor files, ``run.json``), any part missing
+- :mod:`.load`      read a run directory (step logs, monitor files, ``run.json``, events), any part missing
 - :mod:`.steps`     steady-state step numbers per rank and for the run
 - :mod:`.gpus`      GPU utilisation, idle share, memory and energy per GPU
 - :mod:`.nodes`     node CPU and memory, each rank's process tree
+- :mod:`.series`    the logged scalars and the throughput over time, as lines to draw
 - :mod:`.build`     the joins (rank -> node -> GPU) into one :class:`~.model.Report`
 - :mod:`.verdicts`  rules with named thresholds -> verdicts naming rank, node and fix
 - :mod:`.summary`   the launcher's three lines (never raises)
-- :mod:`.plots`, :mod:`.render`, :mod:`.write`, :mod:`.jsonout`  PNG timelines, Markdown/HTML, JSON
+- :mod:`.plots`, :mod:`.charts`  PNGs: each node's timeline; the run's scalars, throughput
+  and step split per rank
+- :mod:`.render`, :mod:`.write`, :mod:`.jsonout`  Markdown/HTML, the files, JSON
 
-Importing this package reads nothing and never imports torch or matplotlib: reports are
-made on login nodes.
+Importing this package reads nothing and never imports torch or matplotlib (matplotlib is
+imported when a report is drawn): reports are made on login nodes.
 """
 
 from scalerun.report.build import build_report

@@ -20,6 +20,7 @@ from scalerun.report.gpus import GpuStats, Window, run_gpus
 from scalerun.report.load import RunData
 from scalerun.report.model import RankReport, Report
 from scalerun.report.nodes import NodeStats, node_stats
+from scalerun.report.series import scalar_series, scalar_summaries
 from scalerun.report.steps import WARMUP_STEPS, StepStats, rank_steps, run_steps
 from scalerun.report.verdicts import find_verdicts
 from scalerun.rundir import MONITOR, STEPS
@@ -28,6 +29,7 @@ from scalerun.runtime import steplog_reader as keys
 
 def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
     """The whole report of one loaded run directory."""
+    start = time_origin(data)
     stats = {rank: rank_steps(log.steps, warmup_steps) for rank, log in data.ranks.items()}
     node_of = rank_nodes(data)
     windows = node_windows(stats, node_of)
@@ -43,7 +45,18 @@ def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
         run_dir=data.run_dir, run_info=data.run_info, warmup_steps=warmup_steps, ranks=ranks,
         nodes=tuple(nodes.values()), steps=steps, gpus=gpus,
         verdicts=tuple(find_verdicts(ranks, list(nodes.values()), steps)),
-        notes=tuple(report_notes(data, ranks, stats, warmup_steps)))
+        notes=tuple(report_notes(data, ranks, stats, warmup_steps)), events=data.events,
+        scalars=tuple(scalar_summaries(scalar_series(
+            {rank: log.steps for rank, log in data.ranks.items()}, start))), start=start)
+
+
+def time_origin(data: RunData) -> float:
+    """The earliest time recorded anywhere in the run: the charts' time axes start there."""
+    times = [s.t for log in data.nodes.values() for s in log.samples[:1]]
+    times += [float(log.meta[keys.START]) for log in data.ranks.values()
+              if isinstance(log.meta.get(keys.START), int | float)]
+    times += [float(log.steps[0][keys.T]) for log in data.ranks.values() if log.steps]
+    return min(times) if times else 0.0
 
 
 def rank_nodes(data: RunData) -> dict[int, str]:

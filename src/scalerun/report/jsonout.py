@@ -29,6 +29,9 @@ def report_json(report: Report, files: dict[str, Any] | None = None) -> dict[str
         "nodes": [asdict(node) for node in report.nodes],
         "verdicts": [asdict(v) for v in report.verdicts],
         "notes": list(report.notes),
+        "scalars": [asdict(s) for s in report.scalars],
+        "events": [e.record() for e in report.events],
+        "start": report.start,
         "files": files or {},
     }
 

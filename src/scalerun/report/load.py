@@ -1,4 +1,5 @@
-"""Read a run directory into memory: every step log, every monitor file, ``run.json``.
+"""Read a run directory into memory: every step log, every monitor file, ``run.json``
+and the run's events (``events.jsonl``).
 
 Why a loader of its own: a report is often asked for a run that went wrong (killed
 halfway, a node lost, monitoring off), so every part is optional and every file may end
@@ -6,7 +7,8 @@ in a half line. This module decides what counts as a run directory (a folder wit
 least one of ``steps/``, ``monitor/`` or ``run.json``) and reads each file with the
 readers the rest of scalerun uses (:func:`scalerun.runtime.steplog_reader.read_step_log`,
 :func:`scalerun.rundir.read_jsonl` and :func:`scalerun.monitor.records.parse_monitor`),
-so the report sees exactly the records the scaling study and the live monitor see.
+so the report sees exactly the records the scaling study and the live monitor see; the
+events with :func:`scalerun.events.read_events`, the reader ``scalerun monitor`` uses.
 
 It never computes a statistic and never writes.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import ScalerunError
+from scalerun.events import Event, read_events
 from scalerun.monitor.records import Meta, Sample, parse_monitor
 from scalerun.redact import redact_data, secret_values
 from scalerun.rundir import MONITOR, RUN_FILE, STEPS, monitor_files, read_jsonl, step_logs
@@ -57,6 +60,8 @@ class RunData:
     nodes: dict[str, NodeLog] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     """Files that exist but could not be used, one sentence each."""
+    events: tuple[Event, ...] = ()
+    """Restarts, preemptions, stragglers ... in the order written."""
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -79,7 +84,8 @@ def load_run(run_dir: Path) -> RunData:
     ranks = {rank: read_rank(rank, path) for rank, path in step_logs(run_dir).items()}
     nodes = [read_node(stem, path) for stem, path in monitor_files(run_dir).items()]
     return RunData(run_dir=run_dir, run_info=run_info, ranks=ranks,
-                   nodes={node.node: node for node in nodes}, problems=tuple(problems))
+                   nodes={node.node: node for node in nodes}, problems=tuple(problems),
+                   events=tuple(read_events(run_dir)))
 
 
 def read_run_info(path: Path) -> tuple[dict[str, Any] | None, list[str]]:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerun.events import Event
 from scalerun.report.gpus import GpuStats, RunGpus
 from scalerun.report.nodes import NodeStats, RankProcesses
+from scalerun.report.series import ScalarSummary
 from scalerun.report.steps import RunSteps, StepStats
 
 Severity = Literal["warn", "hint"]
@@ -77,6 +79,12 @@ class Report:
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...]
     """What is missing or assumed (no monitor file, GPUs matched by local rank ...)."""
+    events: tuple[Event, ...] = ()
+    """What happened while the run went on (``events.jsonl``), in the order written."""
+    scalars: tuple[ScalarSummary, ...] = ()
+    """Every scalar the ranks logged (``scalerun.log``), in the order first logged."""
+    start: float = 0.0
+    """Unix time of the earliest record anywhere in the run: the charts' time zero."""
 
     def rank(self, rank: int) -> RankReport | None:
         return next((r for r in self.ranks if r.rank == rank), None)

@@ -1,14 +1,16 @@
 """Timelines, one PNG per node: GPU utilisation, memory and power per GPU, and the step
-time of the node's ranks, on one time axis.
+time of the node's ranks, on one time axis; and the figure helpers the run's charts
+(:mod:`.charts`) share.
 
 Why per node and on one axis: a dip in utilisation, a drop in power and a longer step
 at the same moment is one event (a checkpoint, a slow loader batch, a throttled GPU);
-side by side the eye finds it. The training window (steady steps) is shaded.
+side by side the eye finds it. The training window (steady steps) is shaded, and the
+run's events (a restart, a straggler on this node) are marked where they happened.
 
-matplotlib is optional (``scalerun[plot]``) and imported only here, on the Agg canvas
-(no display, no pyplot state). Each PNG is written to a temporary name and renamed. At
-most :data:`MAX_NODES` nodes are drawn, those named by verdicts first, so a report of a
-large job stays small enough to open.
+matplotlib is a dependency, imported only when a report is drawn (the command line
+starts fast), on the Agg canvas (no display, no pyplot state). Each PNG is written to a
+temporary name and renamed. At most :data:`MAX_NODES` nodes are drawn, those named by
+verdicts first, so a report of a large job stays small enough to open.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scalerun.errors import ScalerunError
+from scalerun.events import Event
 from scalerun.files import write_atomic
 from scalerun.report.gpus import GpuSeries, gpu_series
 from scalerun.report.load import NodeLog, RunData
@@ -32,10 +34,6 @@ MARKED_STEPS = 300
 """Steps are drawn with a dot each up to this many per rank; more dots only slow the drawing."""
 
 
-class PlotUnavailable(ScalerunError):
-    """matplotlib is not installed: the pages are written without timelines."""
-
-
 def plotted_nodes(report: Report, limit: int = MAX_NODES) -> list[str]:
     """The nodes to draw: those verdicts name first, then the others in order."""
     named = [v.node for v in report.verdicts if v.node]
@@ -44,44 +42,44 @@ def plotted_nodes(report: Report, limit: int = MAX_NODES) -> list[str]:
 
 
 def write_timelines(folder: Path, data: RunData, report: Report) -> list[tuple[str, Path]]:
-    """Draw every chosen node into ``folder/<node>.png``; PlotUnavailable without matplotlib."""
-    figure_class, canvas_class = matplotlib_classes()
+    """Draw every chosen node into ``folder/<node>.png``."""
     written = []
     for name in plotted_nodes(report):
         log = data.nodes.get(name)
         if log is None or not log.samples:
             continue
-        figure = node_figure(figure_class, canvas_class, log, data, report)
+        figure = node_figure(log, data, report)
         written.append((name, save_png(figure, folder / f"{safe_name(name)}.png")))
     return written
 
 
-def matplotlib_classes() -> tuple[Any, Any]:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlotUnavailable("the timelines need matplotlib: pip install 'scalerun[plot]' "
-                            "(report.md and report.html are written without them)") from None
-    return Figure, FigureCanvasAgg
+def new_figure(width_in: float, height_in: float) -> Any:
+    """A matplotlib figure on its own Agg canvas (no display, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width_in, height_in), dpi=DPI)
+    FigureCanvasAgg(figure)
+    return figure
 
 
-def node_figure(figure_class: Any, canvas_class: Any, log: NodeLog, data: RunData, report: Report) -> Any:
+def node_figure(log: NodeLog, data: RunData, report: Report) -> Any:
     """One figure with a panel per recorded quantity, sharing the time axis."""
     series = gpu_series(log.meta, log.samples)
-    origin = time_origin(data)
+    origin = report.start
     steps = {rank: log_.steps[r.steps.warmup_steps:] for rank, log_ in data.ranks.items()
              if (r := report.rank(rank)) is not None and r.node == log.node and r.steps is not None}
     panels = panel_plan(series, log, steps)
-    figure = figure_class(figsize=(WIDTH_IN, PANEL_IN * len(panels) + 0.6), dpi=DPI)
-    canvas_class(figure)
+    figure = new_figure(WIDTH_IN, PANEL_IN * len(panels) + 0.6)
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    events = [e for e in report.events if e.node in (None, log.node)]
     for ax, (title, draw) in zip(axes, panels, strict=True):
         draw(ax, origin)
         ax.set_ylim(*((0, 105) if "%" in title else (0, None)))
         ax.set_ylabel(title)
         ax.grid(True, alpha=0.3)
         shade_window(ax, report, log.node, origin)
+        mark_events(ax, events, origin, label=ax is axes[0])
     axes[-1].set_xlabel("seconds since the run started")
     figure.suptitle(f"{log.node}" + (f" ({log.meta.backend})" if log.meta else ""))
     figure.tight_layout()
@@ -140,13 +138,19 @@ def shade_window(ax: Any, report: Report, node: str, origin: float) -> None:
                    color="tab:green", alpha=0.06)
 
 
-def time_origin(data: RunData) -> float:
-    """The earliest time recorded anywhere in the run: the x axis starts there."""
-    times = [s.t for log in data.nodes.values() for s in log.samples[:1]]
-    times += [float(log.meta[keys.START]) for log in data.ranks.values()
-              if isinstance(log.meta.get(keys.START), int | float)]
-    times += [float(log.steps[0][keys.T]) for log in data.ranks.values() if log.steps]
-    return min(times) if times else 0.0
+EVENT_COLOURS = {"straggler": "tab:red", "recovered": "tab:green", "restart": "tab:purple",
+                 "preempted": "tab:orange", "requeued": "tab:orange", "hang": "tab:red",
+                 "failed": "black", "resumed": "tab:blue"}
+
+
+def mark_events(ax: Any, events: Sequence[Event], origin: float, *, label: bool) -> None:
+    """A dashed vertical line at each event, named by its kind on the top panel."""
+    for event in events:
+        colour = EVENT_COLOURS.get(event.kind, "grey")
+        ax.axvline(event.t - origin, color=colour, linestyle="--", linewidth=1, alpha=0.8)
+        if label:
+            ax.annotate(event.kind, (event.t - origin, 1.0), xycoords=("data", "axes fraction"),
+                        rotation=90, fontsize="x-small", color=colour, va="top", ha="right")
 
 
 def save_png(figure: Any, path: Path) -> Path:

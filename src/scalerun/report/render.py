@@ -3,11 +3,17 @@
 Why one document model: the Markdown and the HTML must say the same things, so both are
 rendered from the same :class:`~scalerun.pages.Section` list (the pieces the scaling
 study's pages are made of too, so both reports look alike). The HTML is self-contained,
-its timelines embedded as base64 PNGs, so it can be mailed or attached to a ticket; the
+its pictures embedded as base64 PNGs, so it can be mailed or attached to a ticket; the
 Markdown links the PNGs relatively (``report/<node>.png``), so the run directory can be
 moved.
 
-Pure: a report and the timelines' bytes in, text out.
+The order is what a reader asks first: the verdicts (what to change), the summary, the
+training (the logged scalars, the throughput), the ranks (a slow one stands out in the
+step split), nodes and GPUs, the timelines, the run's events; what the run was and what
+the report could not see come last. A table column that holds nothing for every row is
+left out (:func:`scalerun.pages.without_empty_columns`).
+
+Pure: a report and the pictures' bytes in, text out.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from __future__ import annotations
 import base64
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from scalerun.pages import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
+from scalerun.pages import (
+    CODE_SPAN,
+    HTML_PAGE,
+    Section,
+    Table,
+    html_table,
+    markdown_table,
+    without_empty_columns,
+)
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import Report
 from scalerun.report.nodes import RankProcesses
@@ -25,31 +39,68 @@ from scalerun.report.steps import StepStats
 from scalerun.report.summary import report_summary
 from scalerun.report.verdicts import gib, pct, seconds
 
-Timeline = tuple[str, str, bytes]
-"""(node, path relative to the report, PNG bytes)."""
-TIMELINES = "Timelines"
+Picture = tuple[str, str, bytes]
+"""(alt text, path relative to the report, PNG bytes)."""
+Pictures = Mapping[str, Sequence[Picture]]
+"""Section title -> the pictures shown under it."""
+TRAINING, RANKS, TIMELINES, EVENTS = "Training", "Ranks", "Timelines", "Events"
 BOLD = re.compile(r"\*\*([^*]+)\*\*")
+SEVERITY_WORDS = ("warn", "hint")
 
 
 def report_sections(report: Report, extra_notes: Sequence[str] = ()) -> list[Section]:
-    sections = [Section("Summary", tuple(report_summary(report))),
-                Section("Verdicts", tuple(f"**{v.severity}** {v.text()}" for v in report.verdicts)
+    sections = [Section("Verdicts", tuple(f"**{v.severity}** {v.text()}" for v in report.verdicts)
                         or ("no problem found",)),
-                Section("Run", run_lines(report))]
+                Section("Summary", tuple(report_summary(report))),
+                Section(TRAINING, training_lines(report), scalars_table(report))]
     if report.ranks:
-        sections.append(Section("Ranks", ("steady-state means per step; own = the rank's own work "
-                                          "(compute without communication), for comparing ranks",),
-                                ranks_table(report)))
+        sections.append(Section(RANKS, ("steady-state means per step; own = the rank's own work "
+                                        "(compute without communication), for comparing ranks",),
+                                without_empty_columns(ranks_table(report))))
     if report.nodes:
-        sections.append(Section("Nodes", (), nodes_table(report)))
+        sections.append(Section("Nodes", (), without_empty_columns(nodes_table(report))))
     if any(n.gpus for n in report.nodes):
         sections.append(Section("GPUs", ("busy, median and idle over the training window; "
-                                         "peak memory and energy over the whole record",), gpus_table(report)))
+                                         "peak memory and energy over the whole record",),
+                                without_empty_columns(gpus_table(report))))
     notes = [*report.notes, *(f"{n.node}: {note}" for n in report.nodes for note in n.notes), *extra_notes]
     sections.append(Section(TIMELINES, ()))
+    sections.append(events_section(report))
+    sections.append(Section("Run", run_lines(report)))
     if notes:
         sections.append(Section("Notes", tuple(notes)))
     return sections
+
+
+def training_lines(report: Report) -> tuple[str, ...]:
+    if not report.scalars:
+        return ("no scalar was logged (`scalerun.log(loss=...)` in the training loop draws it here)",)
+    return ("the scalars given to `scalerun.log`, last value of the lowest rank that logged it",)
+
+
+def scalars_table(report: Report) -> Table | None:
+    if not report.scalars:
+        return None
+    headers = ["scalar", "last", "at step", "min", "max", "ranks"]
+    rows = [[s.name, _g(s.last), str(s.step), _g(s.low), _g(s.high),
+             f"{s.ranks_differing} differ" if s.ranks_differing else "agree"] for s in report.scalars]
+    return headers, rows
+
+
+def events_section(report: Report) -> Section:
+    """The run's events as a timeline: seconds since the start, what, where."""
+    if not report.events:
+        return Section(EVENTS, ("no event recorded (restarts, preemptions and stragglers are "
+                                "written to `events.jsonl`)",))
+    headers = ["at", "kind", "rank", "node", "step", "what happened"]
+    rows = [[f"{e.t - report.start:+.1f} s", e.kind, _opt(e.rank), e.node or "-", _opt(e.step), e.message]
+            for e in sorted(report.events, key=lambda e: e.t)]
+    return Section(EVENTS, ("seconds since the run started; dashed lines on the charts",),
+                   without_empty_columns((headers, rows)))
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def run_lines(report: Report) -> tuple[str, ...]:
@@ -134,20 +185,24 @@ def _share(value: float | None) -> str:
 # -- rendering -----------------------------------------------------------------------
 
 
-def render_markdown(report: Report, sections: Sequence[Section], timelines: Sequence[Timeline]) -> str:
+def render_markdown(report: Report, sections: Sequence[Section], pictures: Pictures) -> str:
     lines = [f"# Job report: {report.run_dir.name}", ""]
     for section in sections:
         lines += [f"## {section.title}", ""]
         lines += [f"- {line}" for line in section.lines]
         if section.table:
             lines += [""] * bool(section.lines) + markdown_table(*section.table)
-        if section.title == TIMELINES:
-            lines += [f"![timeline of {node}]({path})\n" for node, path, _ in timelines] or ["no timeline drawn"]
+        shown = pictures.get(section.title, ())
+        if shown:
+            lines += [""] * bool(section.lines or section.table)
+            lines += [f"![{alt}]({path})\n" for alt, path, _ in shown]
+        elif section.title == TIMELINES:
+            lines.append("no timeline drawn")
         lines.append("")
     return "\n".join(lines)
 
 
-def render_html(report: Report, sections: Sequence[Section], timelines: Sequence[Timeline]) -> str:
+def render_html(report: Report, sections: Sequence[Section], pictures: Pictures) -> str:
     title = html.escape(f"Job report: {report.run_dir.name}")
     body = [f"<h1>{title}</h1>"]
     for section in sections:
@@ -156,18 +211,25 @@ def render_html(report: Report, sections: Sequence[Section], timelines: Sequence
             body.append("<ul>" + "".join(f"<li>{html_line(line)}</li>" for line in section.lines) + "</ul>")
         if section.table:
             body.append(html_table(*section.table))
-        if section.title == TIMELINES:
-            body += [timeline_html(node, png) for node, _, png in timelines] or ["<p>no timeline drawn</p>"]
+        shown = pictures.get(section.title, ())
+        body += [picture_html(alt, png) for alt, _, png in shown]
+        if not shown and section.title == TIMELINES:
+            body.append("<p>no timeline drawn</p>")
     return HTML_PAGE.format(title=title, body="\n".join(body))
 
 
-def timeline_html(node: str, png: bytes) -> str:
+def picture_html(alt: str, png: bytes) -> str:
     data = base64.b64encode(png).decode("ascii")
-    name = html.escape(node)
-    return f'<h3>{name}</h3>\n<p><img alt="timeline of {name}" src="data:image/png;base64,{data}"></p>'
+    text = html.escape(alt)
+    return (f'<figure><img alt="{text}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{text}</figcaption></figure>")
 
 
 def html_line(line: str) -> str:
-    """Escaped text, with the Markdown code spans and bold the lines use."""
-    return BOLD.sub(r"<strong>\1</strong>", CODE_SPAN.sub(r"<code>\1</code>", html.escape(line)))
-
+    """Escaped text, with the Markdown code spans and bold the lines use (a verdict's
+    severity word gets its colour from the stylesheet)."""
+    def bold(match: re.Match[str]) -> str:
+        word = match.group(1)
+        kind = f' class="{word}"' if word in SEVERITY_WORDS else ""
+        return f"<strong{kind}>{word}</strong>"
+    return BOLD.sub(bold, CODE_SPAN.sub(r"<code>\1</code>", html.escape(line)))

@@ -1,11 +1,12 @@
-"""Write a run's report: ``report.md``, ``report.html`` and ``report/<node>.png``.
+"""Write a run's report: ``report.md``, ``report.html`` and the pictures under ``report/``:
+``<node>.png`` (each node's timeline) and ``run_<what>.png`` (the run's charts).
 
 Why these files, in the run directory: the report belongs with the run it describes
 and is read later, elsewhere (a laptop, a ticket), so the Markdown links its PNGs
 relatively and the HTML embeds them. Every file is written atomically (a temporary
-file renamed over the target), so a reader never sees half a report; timelines left by
-an earlier call for nodes no longer drawn are removed. Without matplotlib the pages are
-still written and say why they have no timeline.
+file renamed over the target), so a reader never sees half a report; pictures left by
+an earlier call that this call did not draw are removed, so a page never names a PNG
+that is not there and the folder holds no stale one.
 """
 
 from __future__ import annotations
@@ -16,15 +17,29 @@ from pathlib import Path
 
 from scalerun.files import write_text_atomic
 from scalerun.report.build import build_report
+from scalerun.report.charts import SCALARS, STEP_SPLIT, THROUGHPUT, write_charts
 from scalerun.report.load import RunData, load_run
 from scalerun.report.model import Report
-from scalerun.report.render import render_html, render_markdown, report_sections
+from scalerun.report.plots import write_timelines
+from scalerun.report.render import (
+    RANKS,
+    TIMELINES,
+    TRAINING,
+    Picture,
+    render_html,
+    render_markdown,
+    report_sections,
+)
 from scalerun.report.steps import WARMUP_STEPS
 
 MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"
 TIMELINE_DIR = "report"
-"""Folder of the timeline PNGs, beside the pages."""
+"""Folder of the PNGs, beside the pages."""
+CHART_PLACES = ((SCALARS, TRAINING, "logged scalars against step and against time"),
+                (THROUGHPUT, TRAINING, "throughput over time"),
+                (STEP_SPLIT, RANKS, "each rank's step split: data, compute, communication, other"))
+"""Each run chart's file, the section that shows it and its alt text."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +50,9 @@ class ReportFiles:
     markdown: Path
     html: Path
     timelines: tuple[Path, ...]
-    timeline_note: str | None
-    """Why no timeline was drawn (matplotlib missing), else None."""
+    """Each node's timeline."""
+    charts: tuple[Path, ...] = ()
+    """The run's charts (scalars, throughput, step split) that had something to show."""
 
 
 def write_report(run_dir: Path, *, out_dir: Path | None = None,
@@ -51,28 +67,26 @@ def write_report(run_dir: Path, *, out_dir: Path | None = None,
 
 
 def write_report_files(out_dir: Path, data: RunData, report: Report) -> ReportFiles:
-    timelines, note = draw_timelines(out_dir / TIMELINE_DIR, data, report)
-    sections = report_sections(report, [f"no timeline: {note}"] if note else [])
-    pictures = [(node, f"{TIMELINE_DIR}/{path.name}", path.read_bytes()) for node, path in timelines]
+    folder = out_dir / TIMELINE_DIR
+    timelines = write_timelines(folder, data, report)
+    charts = write_charts(folder, data, report)
+    remove_stale(folder, {path.name for _, path in timelines} | set(charts))
+    pictures: dict[str, list[Picture]] = {}
+    for name, section, alt in CHART_PLACES:
+        if name in charts:
+            pictures.setdefault(section, []).append((alt, f"{TIMELINE_DIR}/{name}", charts[name].read_bytes()))
+    pictures[TIMELINES] = [(f"timeline of {node}", f"{TIMELINE_DIR}/{path.name}", path.read_bytes())
+                           for node, path in timelines]
+    sections = report_sections(report)
     markdown = write_text_atomic(out_dir / MARKDOWN_FILE, render_markdown(report, sections, pictures),
                                  what="the report")
     page = write_text_atomic(out_dir / HTML_FILE, render_html(report, sections, pictures), what="the report")
     return ReportFiles(report=report, markdown=markdown, html=page,
-                       timelines=tuple(path for _, path in timelines), timeline_note=note)
+                       timelines=tuple(path for _, path in timelines), charts=tuple(charts.values()))
 
 
-def draw_timelines(folder: Path, data: RunData, report: Report) -> tuple[list[tuple[str, Path]], str | None]:
-    """The node timelines, or none and why; stale PNGs of an earlier call are removed."""
-    from scalerun.report.plots import PlotUnavailable, write_timelines
-
-    try:
-        drawn = write_timelines(folder, data, report)
-    except PlotUnavailable as error:
-        drawn, note = [], str(error)
-    else:
-        note = None
-    keep = {path.name for _, path in drawn}
+def remove_stale(folder: Path, keep: set[str]) -> None:
+    """Remove the PNGs an earlier call drew that this one did not."""
     for old in folder.glob("*.png") if folder.is_dir() else []:
         if old.name not in keep:
             os.unlink(old)
-    return drawn, note

@@ -4,8 +4,9 @@ Why two panels: a throughput curve bending away from its ideal line shows *that*
 scaling stops; the efficiency panel shows *where* it falls under 80 % and how the
 communication model's prediction compares with the measurement.
 
-matplotlib is optional (``scalerun[plot]``) and imported here only; the Agg canvas is
-used directly, so no display and no pyplot state is touched. The file is written to a
+matplotlib is a dependency (a study's picture is never optional) but is imported here
+only, when a plot is drawn, so the command line starts fast; the Agg canvas is used
+directly, so no display and no pyplot state is touched. The file is written to a
 temporary name and renamed, so a reader never sees half a PNG.
 """
 
@@ -29,7 +30,7 @@ PREDICT_SPAN = 8
 
 def write_plot(path: Path, rows: Sequence[ScalingRow], predictions: Sequence[Prediction] = (), *,
                mode: str = "strong", threshold: float = EFFICIENT) -> Path:
-    """Draw the study into ``path`` (PNG); ScalingError when matplotlib is missing or nothing finished."""
+    """Draw the study into ``path`` (PNG); ScalingError when no size finished."""
     if not rows:
         raise ScalingError("no size of the study finished: nothing to plot")
     figure_class, canvas_class = _matplotlib()
@@ -43,13 +44,9 @@ def write_plot(path: Path, rows: Sequence[ScalingRow], predictions: Sequence[Pre
 
 
 def _matplotlib() -> tuple[Any, Any]:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ScalingError(
-            "scaling.png needs matplotlib: pip install 'scalerun[plot]' (the report is written without it)"
-        ) from None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     return Figure, FigureCanvasAgg
 
 

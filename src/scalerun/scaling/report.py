@@ -40,7 +40,14 @@ class ReportFiles:
     markdown: Path
     html: Path
     plot: Path | None
-    """None when the plot could not be drawn (the report says why)."""
+    """None when the plot could not be drawn (no size finished; the report says why)."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The pages and pictures written, as the closing line names them: a file that was
+        not written is not named."""
+        pictures = (self.plot.name,) if self.plot is not None else ()
+        return (self.markdown.name, self.html.name, *pictures)
 
 
 def write_reports(out_dir: Path, summary: Summary) -> ReportFiles:
