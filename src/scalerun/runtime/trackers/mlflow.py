@@ -84,6 +84,7 @@ def batches(items: list[Any], size: int) -> Iterator[list[Any]]:
 class Mlflow:
     name = "mlflow"
     package = "mlflow"
+    output = "MLflow run"
 
     def start(self, run_dir: Path, rank: int) -> MlflowRun:
         return MlflowRun(run_dir)

@@ -54,6 +54,8 @@ class TrackerKind(Protocol):
     name: str
     package: str
     """The module that must import (``pip install 'scalerun[NAME]'`` installs it)."""
+    output: str
+    """What a rank writes there, for messages: "rank 0 writes no MLflow run"."""
 
     def start(self, run_dir: Path, rank: int) -> TrackerRun:
         """Open this rank's run; raises ImportError when the package is missing."""

@@ -28,7 +28,7 @@ from scalerun.files import write_text_atomic
 from scalerun.plan import variables
 from scalerun.rundir import step_log_path
 from scalerun.runtime import steplog_reader as keys
-from scalerun.runtime.trackers.registry import MODULES, TrackerRun, install_hint, kind
+from scalerun.runtime.trackers.registry import MODULES, TrackerRun, kind
 
 MODEL_FACTS = (keys.STRATEGY, keys.PARAMS, keys.ACCUMULATION, keys.DEVICE, keys.BACKEND)
 """What the step log learns once the training has started (``wrap()``), added to the config."""
@@ -69,16 +69,19 @@ def sink_for_rank(run_dir: Path, rank: int) -> TrackerSink | None:
 
 
 def start(name: str, run_dir: Path, rank: int) -> TrackerRun | None:
+    """This rank's run of tracker ``name``, or None and one line saying why not."""
     if name not in MODULES:
-        say(f"rank {rank} sends nothing to {name!r} (--track): this scalerun has no such tracker")
+        say(f"rank {rank} writes nothing for {name!r} (--track): this scalerun has no such tracker")
         return None
+    tracker = kind(name)
     try:
-        return kind(name).start(run_dir, rank)
+        return tracker.start(run_dir, rank)
     except ImportError:  # an image without it: the run goes on, and says what it lost
-        say(f"rank {rank} sends nothing to {name} (--track {name}): its package cannot be imported "
-            f"here; {install_hint(name)} where the ranks run (in the image, or its --container-venv)")
+        say(f"rank {rank} writes no {tracker.output} (--track {name}): the {tracker.package} "
+            f"package cannot be imported here; pip install {tracker.package} where the ranks run "
+            "(in the image, or its --container-venv)")
     except Exception as error:  # a server that cannot be reached, a login missing
-        say(f"rank {rank} sends nothing to {name} (--track {name}): {one_line(error)}")
+        say(f"rank {rank} writes no {tracker.output} (--track {name}): {one_line(error)}")
     return None
 
 

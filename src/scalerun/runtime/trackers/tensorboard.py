@@ -45,6 +45,7 @@ class TensorboardRun:
 class Tensorboard:
     name = "tensorboard"
     package = "tensorboard"
+    output = "TensorBoard events"
 
     def start(self, run_dir: Path, rank: int) -> TensorboardRun:
         return TensorboardRun(run_dir / TENSORBOARD / f"rank-{rank}")

@@ -57,6 +57,7 @@ def quiet_settings(wandb: Any) -> Any:
 class Wandb:
     name = "wandb"
     package = "wandb"
+    output = "W&B run"
 
     def start(self, run_dir: Path, rank: int) -> WandbRun:
         return WandbRun(run_dir)
