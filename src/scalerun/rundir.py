@@ -14,7 +14,10 @@ Layout (``RUN_DIR`` is ``--run-dir``, default ``runs/NAME-TIME``)::
     RUN_DIR/monitor/<node>.jsonl       samples of one node (SLURM's node name, else host)
     RUN_DIR/monitor/<node>.ranks       the ranks of that node and their pids (for the sampler)
     RUN_DIR/profile/rank-<R>/          traces of a profiled rank
-    RUN_DIR/tensorboard/               TensorBoard event files (--tensorboard)
+    RUN_DIR/tensorboard/               TensorBoard event files (--track tensorboard, --tensorboard)
+    RUN_DIR/track-config.json          the configuration --track sends (the plan's, secrets masked)
+    RUN_DIR/trackers.json              rank 0's tracker runs, found again to attach the report
+    RUN_DIR/wandb/                     W&B's own run folders (--track wandb)
     RUN_DIR/events.jsonl               what happened while it ran (scalerun.events)
     RUN_DIR/stacks/rank-<R>.txt        Python stacks written when a hang is detected
     RUN_DIR/logs/                      library debug logs (--debug)

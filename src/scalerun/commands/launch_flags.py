@@ -26,6 +26,8 @@ from scalerun.errors import LaunchError, ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.gpu import BACKENDS
 from scalerun.plan.request import (
+    TENSORBOARD_RANKS,
+    TRACKERS,
     ContainerRequest,
     LaunchRequest,
     LocalOptions,
@@ -209,8 +211,12 @@ def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--profiler", default="torch", metavar="torch|CMD",
                        help="torch (default: torch.profiler, a trace per rank) or a command "
                        "prefix such as 'nsys profile' or 'rocprof --hip-trace --stats'")
-    group.add_argument("--tensorboard", nargs="?", const="rank0", choices=("rank0", "all"),
-                       help="also write TensorBoard events (rank 0's, or all ranks')")
+    group.add_argument("--track", action="append", choices=TRACKERS, metavar="|".join(TRACKERS),
+                       help="rank 0 sends the logged scalars, the run's configuration and, at "
+                       "the end, the job report to this experiment tracker (MLflow follows "
+                       "MLFLOW_TRACKING_URI, W&B WANDB_MODE); repeatable")
+    group.add_argument("--tensorboard", nargs="?", const="rank0", choices=TENSORBOARD_RANKS,
+                       help="--track tensorboard; 'all': every rank writes events, not only rank 0")
     group.add_argument("--debug", action="append", metavar="nccl|miopen|hip|all",
                        help="switch on these libraries' logs in every rank (NCCL's go to "
                        "RUN_DIR/logs/; what they say is printed after the job); repeatable")
@@ -342,10 +348,19 @@ def observe_from_args(args: argparse.Namespace, program: Program, on_slurm: bool
         run_dir = rundir.default_run_dir(name or ("scalerun" if on_slurm else "run"))
     return ObserveRequest(
         run_dir=run_dir, profile_ranks=getattr(args, "profile_ranks", None),
-        profiler=getattr(args, "profiler", "torch"), tensorboard=getattr(args, "tensorboard", None),
+        profiler=getattr(args, "profiler", "torch"), trackers=trackers_from_args(args),
+        tensorboard=getattr(args, "tensorboard", None) or "rank0",
         monitor=not getattr(args, "no_monitor", False),
         monitor_interval=getattr(args, "monitor_interval", 1.0),
         debug=parse_debug_kinds(getattr(args, "debug", None)))
+
+
+def trackers_from_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--track`` in the order given, each once; ``--tensorboard`` is ``--track tensorboard``."""
+    names = list(getattr(args, "track", None) or ())
+    if getattr(args, "tensorboard", None):
+        names.append("tensorboard")
+    return tuple(dict.fromkeys(names))
 
 
 def container_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ContainerRequest | None:
@@ -455,11 +470,13 @@ def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) 
     """The whole pipeline: plan, job, then ``--dry-run``'s text, or the run-directory files
     the plan decided (written here, for every backend) and the run's exit code."""
     from scalerun.launch.observe import write_run_files
+    from scalerun.launch.trackers import check_packages
 
     plan = plan_of(request, backend)
     job = backend.make_job(plan)
     if request.dry_run:
         sys.stdout.write(backend.show(job))
         return 0
+    check_packages(plan)
     write_run_files(plan.run_files)
     return backend.run(job, environ)

@@ -50,6 +50,7 @@ from scalerun.plan.request import (
     Program,
     check_mount,
 )
+from scalerun.plan.track_config import track_config, track_config_text
 from scalerun.shell import expand_template
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import freeze
@@ -192,16 +193,23 @@ def plan_launch(
                                 request.observe.run_dir if request.observe else None)
     program = replace(request.program,
                       args=deepspeed.script_arguments(request.deepspeed_config, request.program.args))
-    run_files = ()
+    nodes = request.nodes or request.local.nnodes
+    procs = gpus or request.nproc_per_node or 1
+    env = rank_variables(request, site)
+    run_files: tuple[tuple[Path, str], ...] = ()
     if request.observe is not None:
         run_files = ((request.observe.run_dir / variables.SITE_RUN_FILE, freeze(site)),)
+    if request.observe is not None and request.observe.trackers:
+        config = track_config(request, site=site.name, nodes=nodes, gpus_per_node=gpus,
+                              procs_per_node=procs, env={v.name: v.value for v in env})
+        run_files += ((request.observe.run_dir / variables.TRACK_CONFIG_FILE, track_config_text(config)),)
     return LaunchPlan(
         request=request, site=site, run_files=run_files,
-        nodes=request.nodes or request.local.nnodes,
+        nodes=nodes,
         gpus_per_node=gpus,
-        procs_per_node=gpus or request.nproc_per_node or 1,
+        procs_per_node=procs,
         program=program,
-        env=rank_variables(request, site),
+        env=env,
         task_env=tuple(site.task_env.items()),
         exec_bind=not request.program.calls_init,
         container=container,
@@ -243,11 +251,13 @@ def _binding(request: LaunchRequest) -> list[RankVariable]:
 
 
 def observe_variables(observe: ObserveRequest) -> list[RankVariable]:
-    """The run directory, profiling, TensorBoard, sampler and library-log variables."""
+    """The run directory, profiling, tracker, sampler and library-log variables."""
     pairs = [(variables.RUN_DIR, str(observe.run_dir))]
     if observe.profile_ranks:
         pairs += [(variables.PROFILE_RANKS, observe.profile_ranks), (variables.PROFILER, observe.profiler)]
-    if observe.tensorboard:
+    if observe.trackers:
+        pairs.append((variables.TRACK, ",".join(observe.trackers)))
+    if "tensorboard" in observe.trackers and observe.tensorboard == "all":
         pairs.append((variables.TENSORBOARD, observe.tensorboard))
     pairs += [(variables.MONITOR, "1" if observe.monitor else "0"),
               (variables.MONITOR_INTERVAL, f"{observe.monitor_interval:g}")]

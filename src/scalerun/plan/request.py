@@ -31,6 +31,10 @@ ENTRIES = ("file", "module", "executable")
 CONTAINER_RUNTIMES = ("singularity", "apptainer")
 CONTAINER_ENTRIES = ("exec", "run")
 DEBUG_KINDS = ("nccl", "miopen", "hip")
+TRACKERS = ("mlflow", "wandb", "tensorboard")
+"""The experiment trackers ``--track`` offers (:mod:`scalerun.runtime.trackers` has one
+module for each)."""
+TENSORBOARD_RANKS = ("rank0", "all")
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -58,15 +62,19 @@ class Program:
 
 @dataclass(frozen=True, kw_only=True)
 class ObserveRequest:
-    """How the run is watched: its run directory, profiling, TensorBoard, sampler, logs."""
+    """How the run is watched: its run directory, profiling, trackers, sampler, logs."""
 
     run_dir: Path
     """Absolute: ranks on other nodes and in other folders must agree on it."""
     profile_ranks: str | None = None
     profiler: str = "torch"
     """``torch`` (inside the chosen ranks) or a command prefix (``nsys profile``)."""
-    tensorboard: str | None = None
-    """None, ``rank0`` or ``all``."""
+    trackers: tuple[str, ...] = ()
+    """The experiment trackers rank 0 sends the run to (``--track``; ``--tensorboard`` adds
+    ``tensorboard``), each named once, in the order given."""
+    tensorboard: str = "rank0"
+    """Which ranks write TensorBoard events when ``tensorboard`` is tracked: ``rank0`` or
+    ``all`` (``--tensorboard all``)."""
     monitor: bool = True
     monitor_interval: float = 1.0
     debug: tuple[str, ...] = ()
@@ -81,6 +89,12 @@ class ObserveRequest:
         unknown = [kind for kind in self.debug if kind not in DEBUG_KINDS]
         if unknown:
             raise LaunchError(f"--debug {unknown[0]!r} is not one of {', '.join(DEBUG_KINDS)}, all")
+        untracked = [name for name in self.trackers if name not in TRACKERS]
+        if untracked:
+            raise LaunchError(f"--track {untracked[0]!r} is not one of {', '.join(TRACKERS)}")
+        if self.tensorboard not in TENSORBOARD_RANKS:
+            raise LaunchError(
+                f"--tensorboard {self.tensorboard!r} is not one of {', '.join(TENSORBOARD_RANKS)}")
 
     @property
     def command_profiler(self) -> bool:

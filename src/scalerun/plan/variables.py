@@ -61,7 +61,10 @@ PROFILER = "SCALERUN_PROFILER"
 PROFILE_SCHEDULE = "SCALERUN_PROFILE_SCHEDULE"
 """torch.profiler's wait, warm-up and active steps, ``2,1,3``."""
 TENSORBOARD = "SCALERUN_TENSORBOARD"
-"""``rank0`` or ``all``: which ranks also write TensorBoard events."""
+"""``all``: every rank writes TensorBoard events, not only rank 0 (``--tensorboard all``);
+``rank0`` (job scripts of earlier versions) alone also means ``--track tensorboard``."""
+TRACK = "SCALERUN_TRACK"
+"""``mlflow,wandb,tensorboard``: the experiment trackers rank 0 sends the run to (``--track``)."""
 MONITOR = "SCALERUN_MONITOR"
 """``0`` turns the node sampler off (``--no-monitor``)."""
 MONITOR_INTERVAL = "SCALERUN_MONITOR_INTERVAL"
@@ -70,7 +73,7 @@ MONITOR_INTERVAL = "SCALERUN_MONITOR_INTERVAL"
 ALL = (
     SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
-    PROFILER, PROFILE_SCHEDULE, TENSORBOARD, MONITOR, MONITOR_INTERVAL,
+    PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL,
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 
@@ -84,6 +87,12 @@ PROFILE_DIR = "profile"
 """``RUN_DIR/profile/rank-<R>/``: traces of a profiled rank."""
 TENSORBOARD_DIR = "tensorboard"
 """``RUN_DIR/tensorboard/``: TensorBoard event files."""
+TRACK_CONFIG_FILE = "track-config.json"
+"""The run's configuration as the plan decided it (command, sizes, site, the ranks'
+variables with secrets masked): what ``--track`` sends to each tracker as parameters."""
+TRACKERS_FILE = "trackers.json"
+"""Rank 0 records here how to find its tracker runs again (MLflow's run id and tracking
+URI, W&B's run id and folder); the launcher attaches the job report to them after the job."""
 STACKS_DIR = "stacks"
 """``RUN_DIR/stacks/rank-<R>.txt``: Python stacks written when a hang is detected."""
 LOGS_DIR = "logs"

@@ -287,7 +287,7 @@ def _open_log() -> StepLog | None:
             keys.BACKEND: ctx.backend, keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
             keys.VERSION: keys.FORMAT_VERSION}
     marks = CudaMarks() if cuda else CpuMarks()
-    from scalerun.runtime.tensorboard import sink_for_rank
+    from scalerun.runtime.trackers.sink import sink_for_rank
 
     return StepLog(step_log_path(run_dir, ctx.rank), meta, marks=marks,
                    sink=sink_for_rank(run_dir, ctx.rank))

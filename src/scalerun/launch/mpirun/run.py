@@ -35,6 +35,7 @@ from scalerun.launch.observe import (
     start_sampler,
     stop_sampler,
 )
+from scalerun.launch.trackers import attach_report
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
 
@@ -60,6 +61,8 @@ def run_mpirun(job: MpirunJob, environ: Mapping[str, str]) -> int:
     finally:
         stop_sampler(sampler)
         for line in closing_summary(observe.run_dir):
+            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        for line in attach_report(observe.run_dir, observe.trackers):
             print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
         for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
             print(line, file=sys.stderr, flush=True)
