@@ -96,13 +96,19 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return None
 
 
+GPU_GROUP = "gpu"
+"""The xdist group of the tests marked ``gpu``: they take every GPU of the machine (one rank
+per GPU, NCCL, timed benchmarks), so one worker runs them one after the other."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group the tests that share a module or package fixture; a test with a group already
-    (``slurm``, or one given by hand) keeps it: a worker that runs a group runs all of it."""
+    """Group the ``gpu`` tests, and the tests that share a module or package fixture; a
+    test with a group already (``slurm``, or one given by hand) keeps it: a worker that
+    runs a group runs all of it."""
     for item in items:
         if item.get_closest_marker("xdist_group") or item.get_closest_marker("slurm"):
             continue
-        group = xdist_group_of(item)
+        group = GPU_GROUP if item.get_closest_marker("gpu") else xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
