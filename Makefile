@@ -43,9 +43,14 @@ extras: $(VENV)/.extras
 demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
+# The tests run in parallel (pytest-xdist), one worker per CPU by default; a group of tests
+# that share a cluster or a module's fixture runs on one worker (tests/conftest.py).
+# TEST_WORKERS=0 runs them in this process, one after the other.
+TEST_WORKERS ?= auto
+
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts
-	SCALERUN_REQUIRE_EXTRAS=1 $(PY) -m pytest -q
+	SCALERUN_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests examples benchmarks scripts

@@ -68,3 +68,47 @@ def gpu_env(gpu_count: int) -> dict[str, str]:
     if gpu_count == 0:
         pytest.skip("no GPU on this machine (torch sees none): GPU paths are tested where one is")
     return machine_env()
+
+
+# --- parallel runs (pytest-xdist; `make test` runs -n auto --dist loadgroup) ------------
+#
+# Each worker is a session of its own and runs whatever tests it is sent. A test whose
+# fixture is built once per module (a wheel and its venvs, trained checkpoints, a run to
+# report on) stays with its module's other tests on one worker: sent apart, every worker
+# would build that fixture again. Shared state beyond one process is each fixture's own
+# business: the SLURM cluster (tests/slurm_fixture.py, group ``slurm``) and the caches under
+# ~/.cache/scalerun take file locks; ports are free ones, folders tmp_path's.
+
+SHARED_SCOPES = {"class": "module", "module": "module", "package": "package"}
+"""Fixture scopes whose value a worker builds once for a group of tests, and that group."""
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group that keeps ``item`` with the tests that share its widest non-session
+    fixture (its module, or its package's folder), or None: any worker may run it."""
+    info = getattr(item, "_fixtureinfo", None)
+    scopes = {SHARED_SCOPES.get(d.scope) for defs in (info.name2fixturedefs.values() if info else ())
+              for d in defs} - {None}
+    if "package" in scopes:
+        return str(item.path.parent.relative_to(item.config.rootpath))
+    if "module" in scopes:
+        return str(item.path.relative_to(item.config.rootpath))
+    return None
+
+
+GPU_GROUP = "gpu"
+"""The xdist group of the tests marked ``gpu``: they take every GPU of the machine (one rank
+per GPU, NCCL, timed benchmarks), so one worker runs them one after the other."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the ``gpu`` tests, and the tests that share a module or package fixture; a
+    test with a group already (``slurm``, or one given by hand) keeps it: a worker that
+    runs a group runs all of it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") or item.get_closest_marker("slurm"):
+            continue
+        group = GPU_GROUP if item.get_closest_marker("gpu") else xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

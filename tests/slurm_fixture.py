@@ -6,6 +6,11 @@ Sessions running at the same time share it; the last one stops it at its end, un
 person started it (``make cluster-up``), in which case it is left running. A missing prerequisite (not root, no
 package registry) fails those tests with the reason; they are never skipped silently.
 
+Under pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``) each worker is a
+session of its own: the worker that runs the ``slurm`` group joins the cluster (a file lock
+in tests/cluster/cluster.py makes one session start it and the others join), and the
+last one to leave stops it.
+
 Enable it with ``pytest_plugins = ["tests.slurm_fixture"]`` in ``tests/conftest.py``.
 """
 
@@ -33,11 +38,24 @@ class SlurmCluster:
         return self.spec.node_names()
 
 
+SLURM_GROUP = "slurm"
+"""The pytest-xdist group of every ``slurm`` test: one worker runs them all, one after the
+other, as a session without workers does. The cluster's two nodes hold one job at a time
+for many of them (whole nodes, every CPU), tests follow their own jobs' queue states and
+time limits, and the SLURM controller and the tests share the machine's cores; a second
+worker submitting at once would only queue behind, or time out."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (``--dist loadgroup``)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slurm`` get the cluster fixture (started at their first use)."""
+    """Tests marked ``slurm`` get the cluster fixture (started at their first use); every
+    test that uses it gets the ``slurm`` xdist group."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.fixturenames.insert(0, "slurm_cluster")
+        uses = getattr(item, "fixturenames", ())
+        if "slurm_cluster" in uses and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
 
 
 @pytest.fixture(scope="session")

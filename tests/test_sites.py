@@ -261,3 +261,45 @@ def test_lumi_g_jobs_build_with_the_courses_compiler(tmp_path):
 
     assert exported({"PATH": "/usr/bin:/bin"}) == "g++-12"
     assert exported({"PATH": "/usr/bin:/bin", "CXX": "clang++"}) == "clang++"
+
+
+def lumi_g_container_script(tmp_path: Path) -> str:
+    """The job script ``scalerun launch --site lumi-g --container IMAGE`` writes (real
+    planner, real renderer)."""
+    from scalerun.launch.slurm.render import render_sbatch
+    from tests.launch.requests import request, slurm_job
+
+    given = request(script="train.py", run_dir=tmp_path, site="lumi-g", nodes=2, account="project_1",
+                    check=False, container="/appl/local/containers/pytorch.sif")
+    return render_sbatch(slurm_job(given, load_site("lumi-g")))
+
+
+def test_lumi_g_job_script_asks_for_what_the_profile_says(tmp_path):
+    """The lumi-g facts at work: the job's resources, its image entry and its per-node caches."""
+    text = lumi_g_container_script(tmp_path)
+    for directive in ("--partition=standard-g", "--cpus-per-task=7", "--gpus-per-node=8",
+                      "--mem-per-gpu=60G", "--ntasks-per-node=8"):
+        assert f"#SBATCH {directive}\n" in text
+    assert "singularity exec " in text and "'$WITH_CONDA && exec \"$@\"'" in text
+    assert "--env 'MIOPEN_USER_DB_PATH=/tmp/${USER}-miopen-cache-${SLURM_NODEID}'" in text
+
+
+@pytest.mark.parametrize(("module_found", "before", "bound"), [
+    (False, None, "/var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1"),
+    (False, "/data", "/data,/var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1"),  # the user's first
+    (True, None, None),  # the module binds what this system's images need
+])
+def test_lumi_g_jobs_bind_the_slingshot_libraries(tmp_path, module_found, before, bound):
+    """The job script's bindings block, run by bash with a stand-in ``module``: without
+    LUMI's singularity-AI-bindings module the job binds the Slingshot libraries itself."""
+    text = lumi_g_container_script(tmp_path)
+    lines = text.split("# --- container bindings", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    stand_in = f"module() {{ [[ $1 == use ]] || {'true' if module_found else 'false'}; }}"
+    environ = {"PATH": "/usr/bin:/bin", **({"SINGULARITY_BIND": before} if before else {})}
+    done = subprocess.run(["bash", "-c", "\n".join([stand_in, *lines, 'printf %s "${SINGULARITY_BIND-unset}"'])],
+                          env=environ, capture_output=True, text=True, check=True)
+    if bound is None:
+        assert done.stdout == "unset" and done.stderr == ""
+    else:
+        assert done.stdout.startswith(bound + ",")
+        assert done.stderr == "scalerun: module singularity-AI-bindings is missing: binding the site mounts instead\n"

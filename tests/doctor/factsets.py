@@ -3,13 +3,18 @@
 Each GCD: (PCI address, NUMA node, the cores LUMI's documented mask gives its rank, the
 nearest Slingshot NIC), in PCI order as ``scalerun topo`` reads tests/fixtures/sysfs/lumig.
 Tests take a healthy job and plant one fault with :func:`dataclasses.replace`.
+:func:`planned_lumi_job` instead derives each rank's CPUs, mask, GPU and NIC from the LUMI
+sysfs fixture through scalerun's own planning (what a rank plans in an ``srun`` step).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
-from scalerun.doctor.facts import Facts, Smoke
+from scalerun.doctor.facts import Facts, Smoke, planned_gpu
+from scalerun.this_rank import plan_this_rank
+from scalerun.topology import gpu_numa, read_node, read_online_cpus
 from scalerun.topology.cpulist import parse_cpulist
 
 GCDS = (
@@ -82,3 +87,33 @@ def gpus_per_task(job: list[Facts]) -> list[Facts]:
     return [replace(f, visible={"ROCR_VISIBLE_DEVICES": "0"}, gpu_count=1, gpu_index=0,
                     slurm_gpus=(f.local_rank,), slurm_gpu_binding=("SLURMD_TRES_BIND=gpu:per_task:1",))
             for f in job]
+
+
+def srun_task_env(rank: int, nodes: int = 2) -> dict[str, str]:
+    """What ``srun`` gives task ``rank`` of a LUMI-G step of 8 tasks a node (the variables
+    scalerun reads; tests/fixtures/slurm_env holds complete recorded sets)."""
+    return {
+        **JOB, "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % 8), "SLURM_NODEID": str(rank // 8),
+        "SLURM_STEP_NUM_TASKS": str(8 * nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_STEP_NODELIST": JOB["SLURM_JOB_NODELIST"], "SLURM_STEP_TASKS_PER_NODE": f"8(x{nodes})",
+        "SLURMD_NODENAME": HOSTS[rank // 8], "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+    }
+
+
+def planned_lumi_job(sysfs: Path, nodes: int = 2) -> list[Facts]:
+    """The healthy job with what scalerun derives from the LUMI node description ``sysfs``:
+    each rank's plan (``plan_this_rank``, as in the rank) gives its GPU (the doctor's
+    ``planned_gpu``), its nearest NIC, its planned CPUs and the srun mask it suggests, and
+    the rank runs on its planned CPUs, as ``srun --cpu-bind`` with that mask places it."""
+    topology = read_node(sysfs, read_online_cpus(sysfs))
+    job = []
+    for fact in lumi_job(nodes):
+        plan = plan_this_rank(environ=srun_task_env(fact.rank, nodes), site="lumi-g", sysfs=str(sysfs))
+        gpu = planned_gpu(topology, plan)
+        assert gpu.gpu is not None and plan.binding.cpulist, f"rank {fact.rank}: no GPU or CPUs planned"
+        planned = replace(fact, gpu_index=gpu.index, gpu_pci=gpu.pci, gpu_numa=gpu_numa(topology, gpu.gpu),
+                          nearest_nic=plan.nic, planned_cpus=plan.binding.cpulist,
+                          suggested_bind=plan.node.srun_cpu_bind, node_cpus=tuple(sorted(topology.online_cpus)))
+        job.append(with_cpus(planned, plan.binding.cpulist))
+    return job

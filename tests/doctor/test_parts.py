@@ -34,8 +34,10 @@ from scalerun.doctor.facts import cpu_layout, facts_from_dict, nccl_log_path
 from scalerun.doctor.options import DoctorError, DoctorOptions, parse_size, to_argv
 from scalerun.doctor.report import Report, render_text, to_json
 from scalerun.topology import read_node, read_online_cpus
-from tests.doctor.factsets import gpus_per_task, lumi_job
-from tests.fixtures.make_sysfs import build_tree
+from tests.doctor.factsets import GCDS, gpus_per_task, lumi_job, planned_lumi_job
+from tests.fixtures.make_sysfs import build_tree, load
+
+LUMI_DOCUMENTED = load("lumig")["documented"]
 
 # Rows of a recorded nccl-tests run (16 H100 ranks on 2 nodes, all_reduce_perf -b 8 -e 8G):
 # size (B), time (us), algbw, busbw as all_reduce_perf printed them.
@@ -151,8 +153,14 @@ def lumi_report() -> Report:
                   site="lumi-g")
 
 
-def test_text_report_has_a_table_per_node_with_the_course_masks() -> None:
-    text = render_text(lumi_report())
+def test_text_report_has_a_table_per_node_with_the_course_masks(tmp_path: Path) -> None:
+    """The masks are not written in: each rank's CPUs, GPU and NIC come from scalerun's plan
+    on the LUMI-G node description, and the table shows what the course's masks give."""
+    facts = planned_lumi_job(build_tree("lumig", tmp_path / "lumig"))
+    assert {f.suggested_bind for f in facts} == {"mask_cpu:" + LUMI_DOCUMENTED["mask_cpu_8_ranks"]}
+    assert [f.planned_cpus for f in facts[:8]] == [cpus for _, _, cpus, _ in GCDS]
+    report = replace(lumi_report(), facts=tuple(facts), verdicts=tuple(run_checks(facts)))
+    text = render_text(report)
     assert text.startswith("scalerun doctor: 16 rank(s) on 2 node(s), launcher slurm, backend nccl, site lumi-g")
     assert text.index("node nid005001: 8 rank(s), 8 GPU(s)") < text.index("node nid005002: 8 rank(s)")
     row = next(line for line in text.splitlines() if "0000:c1:00.0" in line)

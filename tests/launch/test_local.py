@@ -62,18 +62,22 @@ def test_scalerun_script_with_filter_and_report(tmp_path: Path) -> None:
 
 
 def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
-    script = write(tmp_path, "fail.py", """
+    """The launcher stops the other ranks within seconds of rank 1's exit, counted from
+    that exit: how long three ranks take to start on a busy machine is not the question."""
+    exited = tmp_path / "exited"
+    script = write(tmp_path, "fail.py", f"""
         import sys, time, scalerun
         ctx = scalerun.init()
         if ctx.rank == 1:
+            open({str(exited)!r}, "w").write(repr(time.time()))
             sys.exit(3)
         time.sleep(300)  # the others would wait forever without the launcher stopping them
     """)
     start = time.monotonic()
-    result = run_cli("launch", "--nproc-per-node", "3", str(script), timeout=60)
-    elapsed = time.monotonic() - start
+    result = run_cli("launch", "--nproc-per-node", "3", str(script), timeout=200)
+    elapsed, stopping = time.monotonic() - start, time.time() - float(exited.read_text())
     assert result.returncode == 3
-    assert elapsed < 30
+    assert elapsed < 200 and stopping < 30, f"{elapsed:.0f} s in all, {stopping:.0f} s after rank 1 exited"
     last = result.stderr.strip().splitlines()[-1]
     assert "rank 1 (local rank 1" in last and "exit code 3" in last
     assert "rank 0 " not in last and "rank 2 " not in last

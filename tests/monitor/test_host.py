@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from scalerun.monitor.host import (
@@ -68,12 +69,25 @@ def rank() -> Iterator[Rank]:
     started.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def test_a_rank_and_its_worker_are_one_tree(rank: Rank) -> None:
+    """The idle rank's CPU % counts its busy worker. The sampler's clock is the test's: it
+    moves 0.6 s once the worker has used 0.3 CPU seconds, however long a busy machine (other
+    test workers) takes to give them, so the tree used at least 50 % of the 0.6 s."""
     (worker,) = rank.tell("busy")
-    host = HostSampler(fixed_ranks({3: rank.pid}, {3: 1}))
+    clock = FakeClock()
+    host = HostSampler(fixed_ranks({3: rank.pid}, {3: 1}), clock=clock)
     first = host.ranks()[0]
-    time.sleep(0.6)
+    used, deadline = cpu_seconds(worker), time.monotonic() + 60
+    while cpu_seconds(worker) < used + 0.3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    clock.now += 0.6
     second = host.ranks()[0]
+    assert second.cpu_pct is not None and second.cpu_pct >= 50, "the worker's 0.3 CPU seconds"
     assert (first.rank, first.local_rank, first.pid, first.procs) == (3, 1, rank.pid, 2)
     assert first.cpu_pct is None  # no earlier sample to measure from
     assert second.cpu_pct is not None and second.cpu_pct > 30  # the busy worker counts

@@ -119,6 +119,18 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, argv: list[str], mess
     assert "Traceback" not in done.stderr
 
 
+def wait_until_sampling(path: Path, timeout_s: float = 60.0) -> None:
+    """Until the sampler has written its meta line, which it does once started, its signal
+    handlers in place: a test's seconds of sampling then do not depend on how long a busy
+    machine takes to start Python (or the time is up: the test's assertions say what is
+    missing)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and parse_monitor(read_jsonl(path))[0] is not None:
+            return
+        time.sleep(0.05)
+
+
 def test_runs_as_a_process_and_stops_on_sigterm(tmp_path: Path) -> None:
     out = monitor_path(tmp_path / "run", "nid005001")
     ranks = tmp_path / "nid005001.ranks"
@@ -126,6 +138,7 @@ def test_runs_as_a_process_and_stops_on_sigterm(tmp_path: Path) -> None:
     argv = node_command(out, interval_s=0.2, node="nid005001", ranks_file=ranks, backend="none")
     started = time.monotonic()
     process = start_process(argv, env=environment())
+    wait_until_sampling(out)
     time.sleep(2.0)
     # this test process is the "rank": its other children (left by earlier tests) count,
     # the sampler it started does not
@@ -145,6 +158,7 @@ def test_runs_as_a_process_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_sigint_also_stops_it_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "m.jsonl"
     process = start_process(node_command(out, interval_s=0.2, backend="none"), env=environment())
+    wait_until_sampling(out)
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)
     assert process.wait(15) == 0

@@ -141,7 +141,9 @@ def test_as_a_thread(tmp_path: Path) -> None:
     path, backend = tmp_path / "monitor" / "n.jsonl", FakeBackend()
     sampler = Sampler(path, node="n", choice=Choice(backend, [], "fake"), interval_s=0.05)
     sampler.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30  # 3 samples take 0.1 s; a busy machine may take longer
+    while backend.reads < 3 and time.monotonic() < deadline:  # one GPU read a sample
+        time.sleep(0.01)
     sampler.stop()
     _, samples = parse_monitor(read_jsonl(path))
     assert 3 <= len(samples) <= 8
@@ -158,7 +160,10 @@ def test_sample_cost(tmp_path: Path) -> None:
     )
     ranks = [subprocess.Popen([sys.executable, "-c", workers]) for _ in range(4)]
     try:
-        time.sleep(1.0)  # let the workers start
+        deadline = time.monotonic() + 60  # let the workers start, however busy the machine
+        while time.monotonic() < deadline and any(
+                len(psutil.Process(proc.pid).children()) < 4 for proc in ranks):
+            time.sleep(0.1)
         host = HostSampler(fixed_ranks({rank: proc.pid for rank, proc in enumerate(ranks)}))
         sampler = make_sampler(tmp_path / "n.jsonl", FakeBackend(), FakeClock(), host=host)
         sampler.take_sample()

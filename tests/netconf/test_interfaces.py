@@ -46,10 +46,15 @@ def test_choose_interfaces(name, nics, nearest, expected, kind) -> None:
     assert "nmn0" not in choice.names
 
 
-def test_site_list_wins_and_keeps_its_order() -> None:
+def test_site_list_wins_with_the_nearest_nic_moved_first() -> None:
+    """Only the site's interfaces are used, in the site's order, except that the rank's
+    nearest NIC, when the site lists it, goes first."""
     choice = choose_interfaces(LUMI, site_interfaces=("hsn0", "hsn1", "hsn2", "hsn3"),
                                nearest="hsn2")
     assert choice.ifname == "hsn2,hsn0,hsn1,hsn3"
+    assert choose_interfaces(LUMI, site_interfaces=("hsn3", "hsn0")).ifname == "hsn3,hsn0"
+    assert choose_interfaces(LUMI, site_interfaces=("hsn3", "hsn0"), nearest="hsn0").ifname == "hsn0,hsn3"
+    assert choose_interfaces(LUMI, site_interfaces=("hsn3", "hsn0"), nearest="hsn2").ifname == "hsn3,hsn0"
     missing = choose_interfaces([nic("eth0")], site_interfaces=("hsn",))
     assert "hsn not on this node" in missing.reason
 
