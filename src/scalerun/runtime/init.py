@@ -99,6 +99,7 @@ def init(
         torch.cuda.set_device(device)
     _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout, hang_s))
     if rank_plan.gpu.backend == "gloo" and where.world_size > 1:
+        _agree_gloo_is_connected()
         atexit.register(_let_gloo_settle)
     ctx = install(Context(
         rank=where.rank,
@@ -164,6 +165,20 @@ def plan_for_init(
 
 
 GLOO_SETTLE_S = 0.2
+
+
+def _agree_gloo_is_connected() -> None:
+    """One barrier right after gloo's start, so that no rank leaves ``init()`` (and maybe
+    the program) while another is still connecting to it.
+
+    Why: gloo connects every pair of ranks in ``init_process_group``; a rank returns once
+    its own side of each pair is up, while its peer may still be reading the handshake. A
+    rank that then ends at once (a short script, a failed check) closes its sockets under
+    that peer, which fails with "Gloo connectFullMesh failed ... Connection closed by
+    peer": seen in 2 of 14 two-rank launches started in pairs on a loaded 2-core machine.
+    The barrier completes only when every rank's mesh is whole; it costs one round trip.
+    """
+    dist.barrier()
 
 
 def _let_gloo_settle() -> None:
