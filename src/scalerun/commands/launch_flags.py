@@ -133,6 +133,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     add_binding_arguments(parser)
     add_time_limit_arguments(parser)
     add_hang_argument(parser)
+    add_warm_cache_argument(parser)
     add_container_arguments(parser)
 
 
@@ -180,6 +181,16 @@ def add_hang_argument(parser: argparse.ArgumentParser) -> None:
         help="end the job when no rank makes progress for S seconds, after every rank wrote "
         "its Python stacks to RUN_DIR/stacks/ (default: the site's [runtime] hang_timeout, "
         "1800; 0: never)")
+
+
+def add_warm_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-warm-cache`` (local and SLURM launches)."""
+    group = parser.add_argument_group("JIT caches (local and SLURM launches)")
+    group.add_argument(
+        "--warm-cache", action=argparse.BooleanOptionalAction, default=True,
+        help="restore the node-local JIT caches (Inductor, Triton, MIOpen) from the warm copy "
+        "of the last job with this GPU and torch, and save them back at the end (the site's "
+        "[runtime] warm_cache, default ~/.cache/scalerun/jit); --no-warm-cache: start cold")
 
 
 def add_container_arguments(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +293,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         checkpoint=_absolute(getattr(args, "checkpoint", None)),
         deepspeed_config=resolve_deepspeed_config(getattr(args, "deepspeed_config", None)),
         max_restarts=getattr(args, "max_restarts", 0) or 0,
+        warm_cache=getattr(args, "warm_cache", True) is not False,
         env=parse_env_pairs(getattr(args, "slurm_env", None) or (), "--env"),
         check=getattr(args, "check", None),
         container=container_from_args(args, env),

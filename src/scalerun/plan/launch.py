@@ -230,7 +230,7 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
     defaults = [RankVariable(variables.SITE, request.site, "the launch's site", keep_user=True),
                 RankVariable("PYTHONUNBUFFERED", "1", "rank output line by line, as the course's "
                              "python -u (a script that does not import scalerun too)", keep_user=True),
-                *_hang_default(request, site), *_restarts(request),
+                *_hang_default(request, site), *_restarts(request), *_warm_cache(request, site),
                 *(RankVariable(name, value, f"site {site.name}", keep_user=True, template=True)
                   for name, value in site.env.items())]
     return (*own, *frozen, *given, *defaults)
@@ -291,6 +291,18 @@ def _hang_default(request: LaunchRequest, site: SiteProfile) -> list[RankVariabl
         return []
     return [RankVariable(variables.HANG_TIMEOUT, f"{site.runtime.hang_timeout:g}",
                          f"site {site.name} [runtime] hang_timeout", keep_user=True)]
+
+
+def _warm_cache(request: LaunchRequest, site: SiteProfile) -> list[RankVariable]:
+    """The site's warm JIT-cache folder and cap, unless ``--no-warm-cache`` or the site has none."""
+    if not request.warm_cache:
+        return [RankVariable(variables.WARM_CACHE, "off", "--no-warm-cache")]
+    if not site.runtime.warm_cache:
+        return []
+    where = f"site {site.name} [runtime] warm_cache"
+    return [RankVariable(variables.WARM_CACHE, site.runtime.warm_cache, where, keep_user=True),
+            RankVariable(variables.WARM_CACHE_GB, f"{site.runtime.warm_cache_gb:g}", where,
+                         keep_user=True)]
 
 
 def _deepspeed(request: LaunchRequest) -> list[RankVariable]:

@@ -216,6 +216,8 @@ class LaunchRequest:
     deepspeed_config: str | None = None
     """A DeepSpeed config file, absolute and already read once at the edge."""
     max_restarts: int = 0
+    warm_cache: bool = True
+    """Restore and save the warm JIT caches (``--no-warm-cache``: off)."""
     env: Pairs = ()
     """``--env NAME=VALUE``: exported as given; ``${VAR}`` expands where the rank starts."""
     check: bool | None = None

@@ -37,6 +37,11 @@ MALLOC = "SCALERUN_MALLOC"
 """``0`` keeps the plan's glibc malloc tunables out of CPU ranks."""
 VERBOSE = "SCALERUN_VERBOSE"
 """``1``: every rank prints one placement line at start (``-v``)."""
+WARM_CACHE = "SCALERUN_WARM_CACHE"
+"""The folder of the warm JIT-cache copies (``~`` expands on the node); unset or ``off``:
+none (``--no-warm-cache``). See :mod:`scalerun.netconf.warm_cache`."""
+WARM_CACHE_GB = "SCALERUN_WARM_CACHE_GB"
+"""The size cap of all warm copies together, in GB (the site's ``warm_cache_gb``)."""
 TIMEOUT = "SCALERUN_TIMEOUT"
 """Seconds a collective may wait before it fails (``init(timeout=...)``)."""
 

@@ -60,6 +60,7 @@ def apply_rank_plan(
     bind: bool,
     apply_env: bool,
     who: str,
+    save_warm_cache: bool = False,
 ) -> Applied:
     """Apply ``plan`` to this process: see the module docstring for the policy.
 
@@ -69,6 +70,8 @@ def apply_rank_plan(
         rank, the environment of the program ``exec`` starts), unless
         ``SCALERUN_NETCONF=0`` is in it.
     who: the caller's name, the prefix of every line printed.
+    save_warm_cache: this process lives until the rank's end (``init()``, not a process
+        that ``exec`` replaces): on global rank 0 it saves the warm JIT caches then.
     """
     notes: list[str] = []
     membind = _prefer_memory_node(plan, notes) if bind else None
@@ -77,6 +80,10 @@ def apply_rank_plan(
     exported = _export(plan, environ, notes) if wanted else {}
     for note in notes:
         print(f"{who}: {note}", file=sys.stderr, flush=True)
+    if wanted:
+        from scalerun.runtime.warm import restore_for_rank
+
+        restore_for_rank(plan, {**environ, **exported}, who, save_at_exit=save_warm_cache)
     return Applied(cpus=cpus, membind=membind, exported=exported, environment=wanted,
                    notes=tuple(notes))
 

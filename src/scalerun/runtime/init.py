@@ -91,7 +91,7 @@ def init(
     # before the process group and the loaders start threads, which inherit the binding;
     # the environment before NCCL/RCCL and gloo read the interface variables
     applied = apply_rank_plan(rank_plan, os.environ, bind=True, apply_env=True,
-                              who="scalerun.init")
+                              who="scalerun.init", save_warm_cache=True)
     apply_to_running_process(rank_plan, applied)
     exported.update(applied.exported)
     device = torch.device(rank_plan.gpu.device.name)

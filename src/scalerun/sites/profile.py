@@ -231,10 +231,17 @@ class RuntimeDefaults:
     """Seconds without progress before every rank writes its stacks and the job ends
     (``--hang-timeout`` wins); 0: never. Longer than the slowest step, checkpoint save or
     evaluation pass that runs outside ``scalerun.wrap``'s model."""
+    warm_cache: str = "~/.cache/scalerun/jit"
+    """The persistent folder of the warm JIT-cache copies (:mod:`scalerun.netconf.warm_cache`):
+    in the home or a project folder every node sees; ``~`` expands on the node; "" : none."""
+    warm_cache_gb: float = 10.0
+    """All warm copies together stay under this many GB (least recently used go first)."""
 
     def __post_init__(self) -> None:
         if self.hang_timeout < 0:
             raise Invalid("hang_timeout", f"{self.hang_timeout} must be 0 (never) or more seconds")
+        if not self.warm_cache_gb > 0:
+            raise Invalid("warm_cache_gb", f"{self.warm_cache_gb:g} must be more than 0 GB")
 
 
 HOROVOD_GPUS = ("", "ROCM", "CUDA")

@@ -43,12 +43,18 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
     if job.check_gpus:
         check_ranks_fit_gpus(job, env)
     env.update(rank_environment(job.env, env))
-    if job.observe is not None:
-        return _observed(job)
-    code, failure = _run(job)
-    if failure:
-        print(failure, file=sys.stderr, flush=True)
-    return code
+    try:
+        if job.observe is not None:
+            return _observed(job)
+        code, failure = _run(job)
+        if failure:
+            print(failure, file=sys.stderr, flush=True)
+        return code
+    finally:
+        if job.plan.exec_bind:  # a program without init(): its ranks cannot save the caches
+            from scalerun.runtime.warm import save_for_node
+
+            save_for_node(env, "scalerun launch")
 
 
 def _observed(job: LocalJob) -> int:

@@ -1,0 +1,178 @@
+"""The warm JIT-cache copy: keyed, checked, restored once per node, saved atomically."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from scalerun.netconf.settings import Setting
+from scalerun.netconf.warm_cache import (
+    LAYOUT,
+    MANIFEST,
+    WarmCache,
+    cache_key,
+    copies,
+    gpu_identity,
+    recorded,
+    restore,
+    save,
+    targets_of,
+    warm_of,
+)
+from scalerun.plan import variables
+
+
+def node_folders(root: Path) -> dict[str, Path]:
+    return {"inductor": root / "inductor", "miopen": root / "miopen"}
+
+
+def compiled(folders: dict[str, Path], **files: str) -> None:
+    """Files as a job's compilations leave them: ``name/rel/path=content``."""
+    for spec, content in files.items():
+        name, _, relative = spec.partition("__")
+        path = folders[name] / relative.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+def test_a_saved_copy_restores_into_another_jobs_folders(tmp_path: Path) -> None:
+    warm = WarmCache(tmp_path / "warm", cache_key("cpu", "2.13.0+cpu"))
+    first = node_folders(tmp_path / "job1")
+    compiled(first, inductor__fxgraph__ab__entry="graph", miopen__gfx90a_db="kernels")
+    (first["inductor"] / "locks").mkdir()
+    (first["inductor"] / "locks" / "x.lock").write_text("")  # never copied
+    saved = save(warm, first)
+    assert (saved.files, saved.line.startswith("warm JIT cache: saved 2 file(s)")) == (2, True)
+
+    second = node_folders(tmp_path / "job2")
+    outcome = restore(warm, second, tmp_path / "job2")
+    assert outcome is not None and outcome.files == 2, outcome
+    assert (second["inductor"] / "fxgraph/ab/entry").read_text() == "graph"
+    assert (second["miopen"] / "gfx90a_db").read_text() == "kernels"
+    assert not (second["inductor"] / "locks").exists()
+    assert recorded(tmp_path / "job2") == (warm, second)
+
+
+def test_only_the_first_rank_of_a_node_restores(tmp_path: Path) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "old"), inductor__a="1")
+    save(warm, node_folders(tmp_path / "old"))
+    node = tmp_path / "node"
+    assert restore(warm, node_folders(node), node) is not None
+    assert restore(warm, node_folders(node), node) is None
+
+
+def _restore_in_process(warm_root: str, node: str, results: multiprocessing.Queue) -> None:
+    outcome = restore(WarmCache(Path(warm_root), "k"), node_folders(Path(node)), Path(node))
+    results.put(None if outcome is None else outcome.files)
+
+
+def test_ranks_restoring_at_once_restore_once_and_find_every_file(tmp_path: Path) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "old"), **{f"inductor__f{i}": "x" * 1000 for i in range(200)})
+    save(warm, node_folders(tmp_path / "old"))
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    node = tmp_path / "node"
+    ranks = [context.Process(target=_restore_in_process, args=(str(warm.root), str(node), results))
+             for _ in range(4)]
+    for rank in ranks:
+        rank.start()
+    outcomes = [results.get(timeout=120) for _ in ranks]
+    for rank in ranks:
+        rank.join(60)
+    assert sorted(outcomes, key=str) == [200, None, None, None]
+    assert len(list((node / "inductor").iterdir())) == 200
+
+
+@pytest.mark.parametrize("damage", ["manifest", "content", "extra file", "foreign key"])
+def test_a_damaged_or_foreign_copy_is_discarded_never_loaded(tmp_path: Path, damage: str) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "old"), inductor__a="good", inductor__b="good")
+    save(warm, node_folders(tmp_path / "old"))
+    files = warm.folder / "files"
+    if damage == "manifest":
+        (warm.folder / MANIFEST).write_text("{not json")
+    elif damage == "content":
+        (files / "inductor" / "a").write_text("evil")  # same size, other bytes
+    elif damage == "extra file":
+        (files / "inductor" / "planted").write_text("x")
+    else:
+        manifest = json.loads((warm.folder / MANIFEST).read_text())
+        (warm.folder / MANIFEST).write_text(json.dumps({**manifest, "key": "rocm-other"}))
+    node = tmp_path / "node"
+    outcome = restore(warm, node_folders(node), node)
+    assert outcome is not None and outcome.files == 0
+    assert outcome.line.startswith(f"warm JIT cache {warm.folder} discarded, never loaded: ")
+    assert "\n" not in outcome.line
+    assert not warm.folder.exists()
+    assert not (node / "inductor" / "a").exists()
+
+
+def test_a_save_keeps_what_was_restored_and_adds_what_is_new(tmp_path: Path) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "j1"), inductor__a="1")
+    save(warm, node_folders(tmp_path / "j1"))
+    node = node_folders(tmp_path / "j2")
+    restore(warm, node, tmp_path / "j2")
+    assert save(warm, node).line == "warm JIT cache: nothing new for k"
+    compiled(node, inductor__b="2")
+    assert save(warm, node).files == 2
+    manifest = json.loads((warm.folder / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == ["inductor/a", "inductor/b"]
+    assert (manifest["key"], manifest["layout"]) == ("k", LAYOUT)
+    assert not [p for p in warm.root.iterdir() if p.name.startswith(".new-")]
+
+
+def test_the_cap_evicts_the_least_recently_used_copy(tmp_path: Path) -> None:
+    root = tmp_path / "warm"
+    for number, key in enumerate(["old", "recent"]):
+        folders = node_folders(tmp_path / key)
+        compiled(folders, inductor__blob="x" * 4000)
+        save(WarmCache(root, key, cap_bytes=100_000), folders)
+        os.utime(root / key, (1000 + number, 1000 + number))
+    folders = node_folders(tmp_path / "new")
+    compiled(folders, inductor__blob="y" * 4000)
+    outcome = save(WarmCache(root, "new", cap_bytes=9000), folders)
+    assert "evicted old (least recently used)" in outcome.line
+    assert [key for key, _, _ in copies(root)] == ["new", "recent"]
+
+
+def test_a_cache_larger_than_the_cap_is_not_saved(tmp_path: Path) -> None:
+    folders = node_folders(tmp_path / "j")
+    compiled(folders, inductor__blob="x" * 5000)
+    outcome = save(WarmCache(tmp_path / "warm", "k", cap_bytes=1000), folders)
+    assert outcome.files == 0 and "is more than the cap" in outcome.line
+    assert not (tmp_path / "warm" / "k").exists()
+
+
+def test_the_key_names_gpu_torch_build_and_layout(tmp_path: Path) -> None:
+    assert cache_key("amd-740c", "2.6.0+rocm6.2") == f"amd-740c-torch2.6.0+rocm6.2-layout{LAYOUT}"
+    assert cache_key("", "2.13.0+cpu").startswith("cpu-torch2.13.0+cpu")
+    assert "/" not in cache_key("nvidia/x", "1 2")
+    device = tmp_path / "sys/bus/pci/devices/0000:c1:00.0"
+    device.mkdir(parents=True)
+    (device / "device").write_text("0x740c\n")
+    assert gpu_identity("amd", "0000:c1:00.0", tmp_path) == "amd-740c"
+    assert gpu_identity("nvidia", "0000:99:00.0", tmp_path) == "nvidia"
+    assert gpu_identity(None, None, tmp_path) == "cpu"
+
+
+def test_the_variables_turn_it_on_off_and_cap_it() -> None:
+    assert warm_of({}, "cpu") is None
+    assert warm_of({variables.WARM_CACHE: "off"}, "cpu") is None
+    warm = warm_of({variables.WARM_CACHE: "~/jit", variables.WARM_CACHE_GB: "0.5"}, "cpu")
+    assert warm is not None and warm.cap_bytes == 512 * 1024**2
+    assert warm.root == Path(os.path.expanduser("~/jit"))
+
+
+def test_the_users_own_folders_and_kept_extensions_are_left_alone() -> None:
+    settings = [Setting("TORCHINDUCTOR_CACHE_DIR", "/tmp/u-job/inductor", "default", ""),
+                Setting("TRITON_CACHE_DIR", "/home/u/triton", "user", ""),
+                Setting("TORCH_EXTENSIONS_DIR", "/tmp/u/ext", "default", ""),
+                Setting("OMP_NUM_THREADS", "7", "topology", "")]
+    assert targets_of(settings) == {"inductor": Path("/tmp/u-job/inductor")}

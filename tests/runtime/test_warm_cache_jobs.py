@@ -1,0 +1,116 @@
+"""Warm JIT caches with real jobs: the first compiles cold and saves, the next restores
+and its Inductor finds its compiled graph (a cache hit, where the first had a miss).
+
+The proof is torch's own counters, not a timing (the time saved is measured in
+``benchmarks/jit_cache.py``). Each job gets node-local cache folders of its own, as on a
+cluster: on SLURM through its job id, locally through a user name of the test's own
+(``/tmp/<user>-scalerun-cache-local-node0``), removed between the jobs as a new node
+would not have it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scalerun.plan import variables
+
+REPO = Path(__file__).resolve().parents[2]
+COMPILES = """
+    import torch{scalerun_import}
+    from torch._dynamo.utils import counters
+    {init}
+    compiled = torch.compile(lambda x: torch.relu(x @ x.T + 1))
+    compiled(torch.randn(8, 8))
+    inductor = counters["inductor"]
+    print(f"fxgraph hits {{inductor['fxgraph_cache_hit']}} misses {{inductor['fxgraph_cache_miss']}}",
+          flush=True)
+"""
+
+
+def script(folder: Path, calls_init: bool) -> Path:
+    path = folder / ("with_init.py" if calls_init else "plain.py")
+    path.write_text(textwrap.dedent(COMPILES.format(
+        scalerun_import=", scalerun" if calls_init else "",
+        init="scalerun.init()" if calls_init else "")))
+    return path
+
+
+def counts(output: str) -> list[tuple[int, int]]:
+    return [(int(h), int(m)) for h, m in re.findall(r"fxgraph hits (\d+) misses (\d+)", output)]
+
+
+@pytest.mark.timeout(900)  # two jobs that compile, on a 2-core machine
+@pytest.mark.parametrize("calls_init", [True, False], ids=["init", "no-init"])
+def test_a_local_job_restores_what_the_last_one_saved(tmp_path: Path, calls_init: bool) -> None:
+    user = f"warmtest{os.getpid()}{int(calls_init)}"
+    node_root = Path(f"/tmp/{user}-scalerun-cache-local-node0")
+    warm = tmp_path / "warm"
+    env = {**os.environ, "USER": user, variables.WARM_CACHE: str(warm)}
+    train = script(tmp_path, calls_init)
+
+    def launch(*flags: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "1",
+                               "--run-dir", str(tmp_path / f"run{len(list(tmp_path.glob('run*')))}"),
+                               *flags, str(train)], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    try:
+        first = launch()
+        assert counts(first) == [(0, 1)], first[-2000:]
+        assert "warm JIT cache: none yet for cpu-torch" in first
+        assert re.search(r"warm JIT cache: saved \d+ file\(s\)", first), first[-2000:]
+        shutil.rmtree(node_root)  # the next job's node has none of it
+
+        second = launch()
+        assert counts(second) == [(1, 0)], second[-2000:]
+        assert re.search(rf"warm JIT cache: restored \d+ file\(s\), [\d.]+ MiB from {warm}/cpu-torch",
+                         second), second[-2000:]
+    finally:
+        shutil.rmtree(node_root, ignore_errors=True)
+
+
+def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
+    user = f"warmtest{os.getpid()}off"
+    warm = tmp_path / "warm"
+    (tmp_path / "quick.py").write_text("import scalerun\nscalerun.init()\nprint('ran')\n")
+    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "1",
+                           "--no-warm-cache", "--run-dir", str(tmp_path / "run"), "quick.py"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "USER": user, variables.WARM_CACHE: str(warm)})
+    shutil.rmtree(f"/tmp/{user}-scalerun-cache-local-node0", ignore_errors=True)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-2000:]
+    assert "warm JIT cache" not in done.stdout + done.stderr
+    assert not warm.exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path) -> None:
+    warm = tmp_path / "warm"
+    train = script(tmp_path, calls_init=True)
+    outputs = []
+    for number in range(2):
+        run = tmp_path / f"run{number}"
+        done = subprocess.run(
+            [sys.executable, "-m", "scalerun", "launch", "--nodes", "1", "--gpus-per-node", "1",
+             "--no-check", "--wait", "--run-dir", str(run),
+             "--env", f"{variables.WARM_CACHE}={warm}", str(train)],
+            capture_output=True, text=True, cwd=REPO, env=slurm_cluster.env, timeout=600)
+        log = "".join(p.read_text() for p in run.glob("*.out")) if run.is_dir() else ""
+        outputs.append(log)  # the job's log (--wait also shows it)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first, second = outputs
+    assert counts(first) == [(0, 1)], first[-3000:]
+    assert "warm JIT cache: saved" in first
+    assert counts(second) == [(1, 0)], second[-3000:]
+    assert "warm JIT cache: restored" in second
