@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalerun.monitorview.follow import JsonlFollower
+from scalerun.follow import JsonlFollower
 from scalerun.monitorview.model import Snapshot
 from scalerun.monitorview.state import WINDOW_S, RunState
 from scalerun.rundir import monitor_files, step_logs
