@@ -48,19 +48,40 @@ def test_one_normal_step_starts_the_count_again() -> None:
     assert [(c.since_step, c.step) for c in found] == [(16, 35)]
 
 
-def test_a_rank_recovers_after_twenty_steps_back_under_the_threshold() -> None:
+def test_a_rank_recovers_once_half_of_twenty_fresh_steps_are_back_under_the_threshold() -> None:
+    """Named at step 40; steps 41-60 are slow, 61-70 not: half of 51-70 are slow."""
     found = feed(3, range(1, 121),
                  lambda rank, step: 1.8 if rank == 0 and 21 <= step <= 60 else 1.0)
     assert [(c.kind, c.rank, c.since_step, c.step) for c in found] == [
-        ("straggler", 0, 21, 40), ("recovered", 0, 61, 80)]
-    assert found[1].own_s == pytest.approx(0.1)
+        ("straggler", 0, 21, 40), ("recovered", 0, 51, 70)]
+    assert found[1].own_s == pytest.approx(0.1) and found[1].ratio == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("late_every", "recovered_at"), [(3, 80), (4, 80), (2, 80), (None, 80)])
+def test_a_late_step_now_and_then_does_not_keep_a_recovered_rank_named(
+        late_every: int | None, recovered_at: int) -> None:
+    """Slow until step 60, then a late step every few steps (a busy node): recovered once at
+    most half of 20 fresh steps were slow."""
+    def factor(rank: int, step: int) -> float:
+        late = late_every is not None and step % late_every == 0
+        return 2.0 if rank == 1 and (step <= 60 or late) else 1.0
+
+    found = feed(2, range(41, 201), factor)
+    assert [(c.kind, c.step) for c in found] == [("straggler", 60), ("recovered", recovered_at)]
+
+
+def test_mostly_slow_after_being_named_is_still_a_straggler() -> None:
+    found = feed(2, range(1, 201),
+                 lambda rank, step: 1.0 if rank == 0 or (step > 20 and step % 3 == 0) else 1.5)
+    assert [c.kind for c in found] == ["straggler"]
 
 
 def test_hovering_at_the_threshold_does_not_flap() -> None:
-    """Named, then alternating slow and normal steps: neither side keeps 20 steps."""
+    """Named, then alternating slow and normal steps: recovered once, never named again
+    (that needs 20 slow steps in a row)."""
     found = feed(2, range(1, 201),
                  lambda rank, step: 1.0 if rank == 0 else (1.5 if step <= 40 or step % 2 else 1.0))
-    assert [c.kind for c in found] == ["straggler"]
+    assert [(c.kind, c.step) for c in found] == [("straggler", 20), ("recovered", 60)]
 
 
 def test_two_ranks_the_other_rank_is_the_yardstick() -> None:

@@ -9,11 +9,11 @@ the data wait and computation it does before the collectives (:func:`own_seconds
 
 The rule (issue 19): when one rank's own time is at least :data:`RATIO` times the median
 of the *other* ranks' own times of the same step, for :data:`STEPS` consecutive steps,
-the rank is a straggler; once it has been under that for :data:`STEPS` consecutive steps
-again, it has recovered. The median of the others (not of all) keeps a rank from hiding
-in its own median: with two ranks the other rank's time is the yardstick. The same
-number of steps to recover as to be named keeps a rank that hovers at the threshold
-from flapping between the two.
+the rank is a straggler; once no more than half of its last :data:`STEPS` steps were
+over that (:data:`RECOVER_SLOW_SHARE`), it has recovered. The median of the others (not
+of all) keeps a rank from hiding in its own median: with two ranks the other rank's time
+is the yardstick. Both judgements look at :data:`STEPS` fresh steps after a change, so a
+rank that hovers at the threshold cannot flap from one step to the next.
 
 Pure: step numbers and seconds in, :class:`Change` out; it reads no file and no clock.
 Cost per step: a sort of the world's own times and a few additions per rank (measured in
@@ -23,6 +23,7 @@ phase, a step logged twice): such a step is skipped.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,10 @@ well above the few % by which healthy ranks of one job differ step to step."""
 STEPS = 20
 """Consecutive steps over (or, to recover, under) :data:`RATIO`: one slow step is noise
 (a page fault, a garbage collection, a checkpoint written by one rank); twenty are not."""
+RECOVER_SLOW_SHARE = 0.5
+"""A named rank has recovered once at most half of its last :data:`STEPS` steps were slow:
+on a busy node a healthy rank still has a late step now and then (the scheduler, a page
+fault), and twenty clean steps in a row would keep it named long after it caught up."""
 MIN_GAP_S = 0.002
 """A step also counts as slow only when the rank is this many seconds behind: with steps of
 a few milliseconds, scheduler jitter alone exceeds 30 %, and 2 ms a step holds nobody back."""
@@ -83,18 +88,63 @@ class Change:
         return self.own_s / self.others_s if self.others_s > 0 else float("inf")
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One rank at one judged step."""
+
+    step: int
+    slow: bool
+    own_s: float
+    others_s: float
+
+
 @dataclass
 class RankRun:
-    """One rank's current run of steps on one side of the threshold."""
+    """One rank's last :data:`STEPS` judged steps since its last change, and its side
+    (with running sums, so a step costs the same whatever the window)."""
 
+    steps: int
     straggling: bool = False
-    count: int = 0
-    since: int = 0
-    own_sum: float = 0.0
-    others_sum: float = 0.0
+    window: deque[Judged] = field(default_factory=deque)
+    slow: int = 0
+    sums: dict[bool, list[float]] = field(default_factory=lambda: {True: [0.0, 0.0],
+                                                                   False: [0.0, 0.0]})
+    """Own and others' seconds summed over the window's slow (True) and other steps."""
 
-    def restart(self, step: int) -> None:
-        self.count, self.since, self.own_sum, self.others_sum = 0, step, 0.0, 0.0
+    def add(self, judged: Judged) -> str | None:
+        """The change this step brings: ``straggler``, ``recovered`` or None."""
+        self._move(judged, 1)
+        self.window.append(judged)
+        if len(self.window) > self.steps:
+            self._move(self.window.popleft(), -1)
+        if len(self.window) < self.steps:
+            return None
+        if not self.straggling and self.slow == self.steps:
+            return "straggler"
+        if self.straggling and self.slow <= RECOVER_SLOW_SHARE * self.steps:
+            return "recovered"
+        return None
+
+    def _move(self, judged: Judged, sign: int) -> None:
+        self.slow += sign * judged.slow
+        sums = self.sums[judged.slow]
+        sums[0] += sign * judged.own_s
+        sums[1] += sign * judged.others_s
+
+    def change(self, kind: str, rank: int) -> Change:
+        """The change of this window, after which the rank starts a fresh one on its new side.
+
+        Its numbers are the means over the window's steps on the new side: the slow steps
+        of a straggler, the others of a recovered rank."""
+        slow = kind == "straggler"
+        count = self.slow if slow else len(self.window) - self.slow
+        own, others = self.sums[slow]
+        change = Change(kind, rank, self.window[-1].step, self.window[0].step,
+                        own / count, others / count)
+        self.straggling = slow
+        self.window.clear()
+        self.slow, self.sums = 0, {True: [0.0, 0.0], False: [0.0, 0.0]}
+        return change
 
 
 @dataclass
@@ -146,24 +196,11 @@ class StragglerDetector:
         return changes
 
     def count(self, rank: int, step: int, own_s: float, others_s: float) -> Change | None:
-        """Advance one rank's run; a :class:`Change` when it reaches :attr:`steps`."""
-        run = self.runs.setdefault(rank, RankRun())
+        """Add one judged step to a rank's run; a :class:`Change` when its side changes."""
+        run = self.runs.setdefault(rank, RankRun(self.steps))
         slow = own_s >= self.ratio * others_s and own_s - others_s >= self.min_gap_s
-        if slow == run.straggling:  # on the side it is already on: any run towards a change ends
-            run.restart(step + 1)
-            return None
-        if run.count == 0:
-            run.since = step
-        run.count += 1
-        run.own_sum += own_s
-        run.others_sum += others_s
-        if run.count < self.steps:
-            return None
-        change = Change("straggler" if slow else "recovered", rank, step, run.since,
-                        run.own_sum / run.count, run.others_sum / run.count)
-        run.straggling = slow
-        run.restart(step + 1)
-        return change
+        kind = run.add(Judged(step, slow, own_s, others_s))
+        return None if kind is None else run.change(kind, rank)
 
 
 def medians_of_others(values: list[float]) -> list[float]:
