@@ -74,28 +74,26 @@ class StragglerWatch:
                 self.detector = None
             if new.meta is not None:
                 self.metas[new.rank] = new.meta
+                self._renew_detector()
             for record in new.steps:
                 found += self._add(new.rank, record)
         return found
 
     def _add(self, rank: int, record: dict[str, Any]) -> list[Event]:
         own = own_seconds(record)
-        detector = self._detector()
-        if own is None or detector is None:
+        if own is None or self.detector is None:
             return []
         self.recent.setdefault(rank, deque(maxlen=STEPS)).append(record)
-        return [event for change in detector.add(rank, record[keys.STEP], own)
+        return [event for change in self.detector.add(rank, record[keys.STEP], own)
                 if (event := self._report(change)) is not None]
 
-    def _detector(self) -> StragglerDetector | None:
-        """The rule over every rank of the world (the meta lines' world size); None before."""
-        sizes = [m.get(keys.WORLD_SIZE) for m in self.metas.values()]
-        world = max((s for s in sizes if isinstance(s, int)), default=0)
-        if world < 2:
-            return None
-        if self.detector is None or len(self.detector.ranks) != world:
+    def _renew_detector(self) -> None:
+        """The rule over every rank of the world (the meta lines' world size), from the first
+        meta line that names a world of two or more, and anew when the size changes."""
+        size = self.metas[max(self.metas)].get(keys.WORLD_SIZE)
+        world = size if isinstance(size, int) else 0
+        if world >= 2 and (self.detector is None or len(self.detector.ranks) != world):
             self.detector = StragglerDetector(frozenset(range(world)))
-        return self.detector
 
     # -- telling ----------------------------------------------------------------------
     def _report(self, change: Change) -> Event | None:
