@@ -43,7 +43,7 @@ def records(world: int, steps: int, seed: int = 0) -> list[list[dict]]:
     """Every rank's step records in the step log's format, balanced with +-10 % noise."""
     rng = random.Random(seed)
     found = []
-    for rank in range(world):
+    for _ in range(world):
         found.append([{"kind": "step", "step": step, "t": 1.7e9 + step * STEP_S, "dt": STEP_S,
                        "data_s": 0.002 * rng.uniform(0.9, 1.1), "fwd_s": 0.03 * rng.uniform(0.9, 1.1),
                        "bwd_s": 0.06, "opt_s": 0.01, "comm_s": 0.02 * rng.uniform(0.9, 1.1),

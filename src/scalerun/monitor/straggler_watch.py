@@ -24,13 +24,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from scalerun.events import Event, append_event, read_events
 from scalerun.follow import JsonlFollower
-from scalerun.monitor.records import parse_monitor
+from scalerun.monitor.records import Sample, parse_monitor
 from scalerun.monitor.straggler import STEPS, Change, StragglerDetector, own_seconds
 from scalerun.monitor.straggler_cause import Cause, RankContext, likely_causes, ms
 from scalerun.rundir import monitor_path
@@ -58,7 +58,7 @@ class StragglerWatch:
         self.metas: dict[int, dict[str, Any]] = {}
         self.recent: dict[int, deque[dict[str, Any]]] = {}
         self.detector: StragglerDetector | None = None
-        self.samples: dict[str, tuple[JsonlFollower, deque[Any], list[Any]]] = {}
+        self.nodes: dict[str, NodeTail] = {}
         self.events: list[Event] = []
         """The events this watch wrote."""
         self._written = {(e.kind, e.rank, e.step) for e in read_events(self.run_dir)}
@@ -69,9 +69,8 @@ class StragglerWatch:
     def poll(self) -> list[Event]:
         """Read what the ranks appended; the events it brought (already printed and written)."""
         found = []
-        for new in self.steps.poll():
-            if new.restarted:
-                self.detector = None
+        for new in self.steps.poll():  # a log read again from its start (replaced, or a
+            # requeued job's) repeats steps the rule has judged or holds: they are ignored
             if new.meta is not None:
                 self.metas[new.rank] = new.meta
                 self._renew_detector()
@@ -111,25 +110,14 @@ class StragglerWatch:
         return event
 
     def _causes(self, change: Change, node: str | None) -> list[Cause]:
-        samples, cpus = self._node_samples(node) if node else ([], None)
-        first = self.recent.get(change.rank) or deque()
-        since = float(first[0].get(keys.T, 0.0)) - (keys.json_number(first[0].get(keys.DT)) or 0.0) \
-            if first else 0.0
+        """The likely causes, from the node's samples taken while the rank's window ran."""
+        tail = self.nodes.setdefault(node, NodeTail(monitor_path(self.run_dir, node))) if node else None
+        samples, cpus = tail.read() if tail is not None else ([], None)
+        since = window_start(self.recent.get(change.rank) or ())
         window = [s for s in samples if s.t >= since] or samples[-5:]
         context = RankContext(rank=change.rank, metas=self.metas, recent=self.recent,
                               gap_s=change.own_s - change.others_s, node_cpus=cpus)
         return likely_causes(context, window)
-
-    def _node_samples(self, node: str) -> tuple[list[Any], int | None]:
-        """The node's newest samples (read now, only the new bytes) and its CPU count."""
-        follower, kept, meta = self.samples.setdefault(
-            node, (JsonlFollower(monitor_path(self.run_dir, node)), deque(maxlen=SAMPLES_KEPT), []))
-        records = follower.read().records
-        found_meta, new = parse_monitor([*meta[-1:], *records])
-        if found_meta is not None:
-            meta[:] = [found_meta.to_record()]
-        kept.extend(new)
-        return list(kept), found_meta.cpus if found_meta is not None else None
 
     # -- running beside the launcher --------------------------------------------------
     def run(self) -> None:
@@ -154,6 +142,32 @@ class StragglerWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+class NodeTail:
+    """One node's monitor file, followed from the first time one of its ranks is named."""
+
+    def __init__(self, path: Path) -> None:
+        self.follower = JsonlFollower(path)
+        self.meta: dict[str, Any] | None = None
+        self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
+
+    def read(self) -> tuple[list[Sample], int | None]:
+        """The newest samples (only the new bytes are read) and the node's CPU count."""
+        records = self.follower.read().records
+        meta, new = parse_monitor([*([self.meta] if self.meta else []), *records])
+        if meta is not None:
+            self.meta = meta.to_record()
+        self.samples.extend(new)
+        return list(self.samples), meta.cpus if meta is not None else None
+
+
+def window_start(records: Sequence[Mapping[str, Any]]) -> float:
+    """When the first of a rank's recent steps began (its end ``t`` minus its ``dt``)."""
+    if not records:
+        return 0.0
+    first = records[0]
+    return (keys.json_number(first.get(keys.T)) or 0.0) - (keys.json_number(first.get(keys.DT)) or 0.0)
 
 
 def event_line(change: Change, node: str | None, causes: list[Cause]) -> str:
