@@ -13,8 +13,10 @@ size:
   flushes append them), each chunk followed by one ``poll()`` that reads only the new
   bytes, parses them and judges the steps: microseconds per job step, and bytes read.
 
-The share of a step is the watch's time per step over a step of :data:`STEP_S` (a
-small-model DDP step on a GPU; longer steps make the share smaller).
+Times are the process's CPU time (``time.process_time``), not wall time: on a shared
+machine the wall time stretches with whatever else runs, the CPU the watch takes does
+not. The share of a step is the watch's CPU time per step over a step of :data:`STEP_S`
+(a small-model DDP step on a GPU; longer steps make the share smaller).
 
     python benchmarks/straggler.py            # writes benchmarks/results/straggler.json
     python benchmarks/straggler.py --smoke
@@ -57,14 +59,14 @@ def rule_us_per_step(world: int, steps: int) -> float:
 
     logs = records(world, steps)
     detector = StragglerDetector(frozenset(range(world)))
-    start = time.perf_counter()
+    start = time.process_time()
     for step in range(steps):
         for rank in range(world):
             record = logs[rank][step]
             own = own_seconds(record)
             if own is not None:
                 detector.add(rank, record["step"], own)
-    return (time.perf_counter() - start) / steps * 1e6
+    return (time.process_time() - start) / steps * 1e6
 
 
 def watch_us_per_step(world: int, steps: int) -> tuple[float, float]:
@@ -87,9 +89,9 @@ def watch_us_per_step(world: int, steps: int) -> tuple[float, float]:
             chunk = logs[rank][first:first + CHUNK_STEPS]
             with open(step_log_path(run, rank), "a") as handle:
                 handle.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in chunk))
-        start = time.perf_counter()
+        start = time.process_time()
         watch.poll()
-        spent += time.perf_counter() - start
+        spent += time.process_time() - start
     assert watch.events == [], "a balanced benchmark job named a straggler"
     return spent / steps * 1e6, watch.steps.bytes_read / steps
 
@@ -99,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
     parser.add_argument("--out", type=Path, default=RESULTS / "straggler.json")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400)
     args = parser.parse_args(argv)
     env = environment()
-    worlds, steps, rounds = ((2, 8), 100, 1) if args.smoke else ((2, 8, 64, 512), 400, args.rounds)
+    worlds, steps, rounds = ((2, 8), 100, 1) if args.smoke else ((2, 8, 64, 512), args.steps,
+                                                                  args.rounds)
     results, rows = [], []
     for world in worlds:
         rule = [rule_us_per_step(world, steps) for _ in range(rounds)]

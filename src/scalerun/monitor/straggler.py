@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from scalerun.runtime import steplog_reader as keys
 
@@ -54,18 +54,25 @@ def own_seconds(record: Mapping[str, Any]) -> float | None:
     Computation is forward + backward + optimizer minus the measured communication (which
     holds the wait for the slowest rank); where communication was not measured, the
     backward pass (where DDP waits for the others) is left out, as the report does
-    (:func:`scalerun.report.steps.own_time`).
+    (:func:`scalerun.report.steps.own_time`). Each key is read once: this runs for every
+    rank at every step.
     """
-    phases = [keys.json_number(record.get(key)) for key in keys.WORK_KEYS]
-    data = keys.json_number(record.get(keys.DATA_S))
-    if all(value is None for value in phases) and data is None:
+    data, fwd, bwd, opt, comm = [_seconds(record.get(key)) for key in OWN_KEYS]
+    if data is None and fwd is None and bwd is None and opt is None:
         return None
-    comm = keys.json_number(record.get(keys.COMM_S))
     if comm is not None:
-        work = max(0.0, keys.seconds_of(record, keys.WORK_KEYS) - comm)
+        work = max(0.0, (fwd or 0.0) + (bwd or 0.0) + (opt or 0.0) - comm)
     else:
-        work = keys.seconds_of(record, (keys.FWD_S, keys.OPT_S))
+        work = (fwd or 0.0) + (opt or 0.0)
     return (data or 0.0) + work
+
+
+OWN_KEYS = (keys.DATA_S, keys.FWD_S, keys.BWD_S, keys.OPT_S, keys.COMM_S)
+
+
+def _seconds(value: Any) -> float | None:
+    """A JSON number as float (floats, the common case, without a call)."""
+    return value if type(value) is float else keys.json_number(value)
 
 
 @dataclass(frozen=True)
@@ -88,9 +95,8 @@ class Change:
         return self.own_s / self.others_s if self.others_s > 0 else float("inf")
 
 
-@dataclass(frozen=True)
-class Judged:
-    """One rank at one judged step."""
+class Judged(NamedTuple):
+    """One rank at one judged step (a tuple: one is made per rank and step)."""
 
     step: int
     slow: bool
@@ -107,9 +113,11 @@ class RankRun:
     straggling: bool = False
     window: deque[Judged] = field(default_factory=deque)
     slow: int = 0
-    sums: dict[bool, list[float]] = field(default_factory=lambda: {True: [0.0, 0.0],
-                                                                   False: [0.0, 0.0]})
-    """Own and others' seconds summed over the window's slow (True) and other steps."""
+    own_slow_s: float = 0.0
+    others_slow_s: float = 0.0
+    own_s: float = 0.0
+    """Own seconds summed over the window (slow steps included)."""
+    others_s: float = 0.0
 
     def add(self, judged: Judged) -> str | None:
         """The change this step brings: ``straggler``, ``recovered`` or None."""
@@ -126,10 +134,12 @@ class RankRun:
         return None
 
     def _move(self, judged: Judged, sign: int) -> None:
-        self.slow += sign * judged.slow
-        sums = self.sums[judged.slow]
-        sums[0] += sign * judged.own_s
-        sums[1] += sign * judged.others_s
+        self.own_s += sign * judged.own_s
+        self.others_s += sign * judged.others_s
+        if judged.slow:
+            self.slow += sign
+            self.own_slow_s += sign * judged.own_s
+            self.others_slow_s += sign * judged.others_s
 
     def change(self, kind: str, rank: int) -> Change:
         """The change of this window, after which the rank starts a fresh one on its new side.
@@ -137,13 +147,16 @@ class RankRun:
         Its numbers are the means over the window's steps on the new side: the slow steps
         of a straggler, the others of a recovered rank."""
         slow = kind == "straggler"
-        count = self.slow if slow else len(self.window) - self.slow
-        own, others = self.sums[slow]
+        if slow:
+            count, own, others = self.slow, self.own_slow_s, self.others_slow_s
+        else:
+            count = len(self.window) - self.slow
+            own, others = self.own_s - self.own_slow_s, self.others_s - self.others_slow_s
         change = Change(kind, rank, self.window[-1].step, self.window[0].step,
                         own / count, others / count)
         self.straggling = slow
         self.window.clear()
-        self.slow, self.sums = 0, {True: [0.0, 0.0], False: [0.0, 0.0]}
+        self.slow, self.own_slow_s, self.others_slow_s, self.own_s, self.others_s = 0, 0.0, 0.0, 0.0, 0.0
         return change
 
 
