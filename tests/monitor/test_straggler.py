@@ -55,6 +55,7 @@ def test_a_rank_recovers_once_half_of_twenty_fresh_steps_are_back_under_the_thre
     assert [(c.kind, c.rank, c.since_step, c.step) for c in found] == [
         ("straggler", 0, 21, 40), ("recovered", 0, 51, 70)]
     assert found[1].own_s == pytest.approx(0.1) and found[1].ratio == pytest.approx(1.0)
+    assert (found[0].counted, found[1].counted) == (20, 10)  # the recovered rank's steps in step
 
 
 @pytest.mark.parametrize(("late_every", "recovered_at"), [(3, 80), (4, 80), (2, 80), (None, 80)])

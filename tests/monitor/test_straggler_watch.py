@@ -34,7 +34,7 @@ def test_a_slow_rank_is_named_once_with_its_node(tmp_path: Path) -> None:
     assert said == ["> " + event.message]
     assert event.message.startswith(f"straggler: rank 5 on {AMD_NODE} holds the others back: "
                                     "own time 195 ms a step, 1.86x the median of the other ranks "
-                                    "(105 ms) for 20 steps (1-20)")
+                                    "(105 ms) over 20 steps (1-20)")
     assert read_events(tmp_path) == [event]
     assert watch.poll() == []  # nothing new appended: nothing read, nothing said
 

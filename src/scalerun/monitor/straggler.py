@@ -89,6 +89,9 @@ class Change:
     """The rank's mean own seconds per step over the run."""
     others_s: float
     """The mean over the run of the other ranks' median own seconds."""
+    counted: int = STEPS
+    """The steps of the run the means are over: all for a straggler (all were slow), the
+    ones back under the threshold for a recovered rank."""
 
     @property
     def ratio(self) -> float:
@@ -153,7 +156,7 @@ class RankRun:
             count = len(self.window) - self.slow
             own, others = self.own_s - self.own_slow_s, self.others_s - self.others_slow_s
         change = Change(kind, rank, self.window[-1].step, self.window[0].step,
-                        own / count, others / count)
+                        own / count, others / count, count)
         self.straggling = slow
         self.window.clear()
         self.slow, self.own_slow_s, self.others_slow_s, self.own_s, self.others_s = 0, 0.0, 0.0, 0.0, 0.0

@@ -173,9 +173,10 @@ def window_start(records: Sequence[Mapping[str, Any]]) -> float:
 def event_line(change: Change, node: str | None, causes: list[Cause]) -> str:
     """The one line printed for a change (also the event's message)."""
     where = f"rank {change.rank}" + (f" on {node}" if node else "")
+    steps = change.step - change.since_step + 1
+    over = f"{steps} steps" if change.counted == steps else f"{change.counted} of {steps} steps"
     numbers = (f"own time {ms(change.own_s)} a step, {change.ratio:.2f}x the median of the "
-               f"other ranks ({ms(change.others_s)}) for {change.step - change.since_step + 1} "
-               f"steps ({change.since_step}-{change.step})")
+               f"other ranks ({ms(change.others_s)}) over {over} ({change.since_step}-{change.step})")
     if change.kind == "recovered":
         return f"recovered: {where} is back in step: {numbers}"
     cause = "; ".join(c.text for c in causes) if causes else "not seen in the node's samples"
@@ -185,5 +186,5 @@ def event_line(change: Change, node: str | None, causes: list[Cause]) -> str:
 def details(change: Change, causes: list[Cause]) -> dict[str, Any]:
     return {"own_s": round(change.own_s, 6), "others_median_s": round(change.others_s, 6),
             "ratio": round(change.ratio, 3), "since_step": change.since_step,
-            "steps": change.step - change.since_step + 1,
+            "steps": change.step - change.since_step + 1, "counted": change.counted,
             "causes": [c.key for c in causes], "cause": "; ".join(c.text for c in causes) or None}
