@@ -79,3 +79,24 @@ def test_a_one_and_two_node_study_runs_each_size_as_a_job(slurm_cluster, tmp_pat
     assert all(s["status"] == "ok" and 0 < s["efficiency"] <= 1.5 for s in sizes.values())
     assert results["busbw"]["gbs"] and results["busbw"]["gbs"] > 0  # the doctor's sweep across 2 nodes
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_straggler_on_the_second_node_is_named_once_by_the_first_nodes_sampler(slurm_cluster, tmp_path):
+    """Rank 3 (on the second node) waits 30 ms longer for each batch from its 20th on: the
+    first node's sampler, which reads every rank's step log in the shared run directory,
+    names it once, with its node; the second node's sampler watches nothing."""
+    from scalerun.events import read_events
+    from tests.launch.test_stragglers import TRAIN as SLOWED
+
+    script = tmp_path / "slowed.py"
+    script.write_text(textwrap.dedent(SLOWED))
+    run = tmp_path / "run"
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+                    "--run-dir", str(run), "--monitor-interval", "0.5", str(script),
+                    "300", "3", "20", "100000", "0.03")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    events = read_events(run)
+    assert [(e.kind, e.rank, e.node) for e in events] == [("straggler", 3, NODES[1])]
+    assert "likely cause: data wait" in events[0].message
+    logs = "".join(p.read_text(errors="replace") for p in run.rglob("*.out"))
+    assert logs.count(f"scalerun: {events[0].message}") == 1, logs[-3000:]

@@ -36,6 +36,7 @@ CASES = [
     ("loader", 60, ["per-sample float32", "batched uint8", "per worker"]),
     ("overhead", 120, ["course", "scalerun", "/ course"]),
     ("steplog", 120, ["step-log calls per step", "loop with / without log"]),
+    ("straggler", 120, ["rule us/step", "watch us/rank-step", "of a 100 ms step"]),
 ]
 
 

@@ -81,6 +81,9 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert "rank 1 (local rank 1" in last and "exit code 3" in last
     assert "rank 0 " not in last and "rank 2 " not in last
+    verdicts = [line for line in result.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
+    assert len(verdicts) == 1 and verdicts[0].startswith("scalerun launch: verdict: rank 1 (local rank 1")
+    assert "exit code 3" in verdicts[0]  # the failed rank is the verdict, not "nothing to judge"
 
 
 def test_killed_rank_reports_the_signal(tmp_path: Path) -> None:

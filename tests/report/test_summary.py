@@ -71,3 +71,21 @@ def test_a_cpu_run_says_no_gpu(tmp_path: Path) -> None:
                       clock=clock, host=ScriptedHost(job, NVIDIA_NODE))  # type: ignore[arg-type]
     run_until(sampler, clock, clock.now + 5)
     assert summary_lines(run)[1] == "GPUs: no GPU on 1 node(s); node CPUs 40 % busy"
+
+
+HANG = "hang: no progress for 20 s (--hang-timeout); rank 0 waited in a collective"
+
+
+@pytest.mark.parametrize(("job", "verdict"), [
+    (Job(), f"verdict: {HANG}"),  # not "no problem found" above the launcher's "error: hang"
+    (Job(work={5: Work(fwd_s=0.039, bwd_s=0.078, opt_s=0.013)}),
+     f"verdict: {HANG} (+1 more: scalerun report {{run}})"),  # the slow rank comes after
+])
+def test_how_a_run_ended_badly_is_the_first_verdict(tmp_path: Path, job: Job, verdict: str) -> None:
+    run = write_job(tmp_path / "run", job, monitor=False)
+    assert summary_lines(run, ended=HANG)[2] == verdict.format(run=run)
+
+
+def test_how_a_run_ended_is_the_verdict_even_with_nothing_recorded(tmp_path: Path) -> None:
+    assert summary_lines(tmp_path / "missing", ended="rank 1 failed with exit code 3")[2] == (
+        "verdict: rank 1 failed with exit code 3")

@@ -369,6 +369,9 @@ def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
     assert "rank 0 waited in a collective (gradient all-reduce in backward" in first
     assert "rank 1 did not (at hanging.py:8 in <module>), usually the cause" in first
     assert f"{run / 'stacks'}/ (start with rank-1.txt)" in second
+    verdicts = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
+    assert len(verdicts) == 1 and "no problem found" not in done.stderr  # the hang is the verdict
+    assert verdicts[0].startswith("scalerun launch: verdict: hang: no progress for 20 s")
     assert header(run / "stacks" / "rank-1.txt")["step"] == 3
     print(f"hang test: {elapsed:.1f} s end to end")
 

@@ -95,6 +95,10 @@ def test_under_scalerun_launch_a_warned_run_exits_0_for_the_agent(tmp_path: Path
     assert f"every rank stopped after step {SIGNAL_AFTER + 2}" in done.stdout
     assert (tmp_path / "run" / "stopped-on-signal").is_file()
     assert not (tmp_path / "out.pt").exists()  # it stopped before the end
+    verdicts = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
+    assert len(verdicts) == 1, done.stderr  # the preemption is the verdict, not "no problem found"
+    assert verdicts[0].startswith("scalerun launch: verdict: preempted: the ranks stopped on a "
+                                  f"signal and saved {tmp_path / 'ckpt'}")
 
 
 @pytest.mark.parametrize(

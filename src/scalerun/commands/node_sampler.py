@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--watch-pid", type=int, help="stop when this process exits (the launcher's PID)"
     )
+    parser.add_argument(
+        "--stragglers", type=Path, metavar="RUN_DIR",
+        help="also watch RUN_DIR's step logs for stragglers (one node of a job does)",
+    )
     return parser
 
 
@@ -86,6 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> NodeConfig:
         ranks_file=args.ranks_file,
         pids=tuple(parse_pid(text) for text in args.pid),
         watch_pid=args.watch_pid,
+        stragglers=args.stragglers,
     )
 
 

@@ -57,8 +57,12 @@ def write_run_files(files: tuple[tuple[Path, str], ...]) -> None:
 # ---------------------------------------------------------------------------
 
 
-def start_sampler(run_dir: Path, watch_pid: int, environ: Mapping[str, str]) -> Any:
-    """Start this node's sampler (``python -m scalerun.commands.node_sampler``); None when off."""
+def start_sampler(run_dir: Path, watch_pid: int, environ: Mapping[str, str],
+                  stragglers: bool = False) -> Any:
+    """Start this node's sampler (``python -m scalerun.commands.node_sampler``); None when off.
+
+    ``stragglers``: the sampler also watches the run's step logs for stragglers (the one
+    node of a SLURM job that does)."""
     if environ.get(variables.MONITOR, "1") == "0":
         return None
     from scalerun.monitor.node import node_command, start_process
@@ -67,7 +71,8 @@ def start_sampler(run_dir: Path, watch_pid: int, environ: Mapping[str, str]) -> 
     node = node_name(environ)
     interval = float(environ.get(variables.MONITOR_INTERVAL, "1") or 1)
     argv = node_command(monitor_path(run_dir, node), interval_s=interval, node=node,
-                        ranks_file=ranks_path(run_dir, node), watch_pid=watch_pid)
+                        ranks_file=ranks_path(run_dir, node), watch_pid=watch_pid,
+                        stragglers=run_dir if stragglers else None)
     return start_process(argv)
 
 
@@ -80,16 +85,70 @@ def stop_sampler(process: Any) -> None:
 
 def start_sampler_for_task(environ: Mapping[str, str]) -> None:
     """In a SLURM task (``scalerun exec``): local rank 0 of each node starts the sampler,
-    which ends by itself when this task's process (which exec replaces) ends."""
+    which ends by itself when this task's process (which exec replaces) ends. The sampler
+    of the job's first node also watches every rank's step log for stragglers: straggling
+    is relative to all ranks, and one watcher means one writer of each event."""
     run_dir = run_dir_from(environ)
     if run_dir is None or environ.get("SLURM_LOCALID", "0").strip() != "0":
         return
-    start_sampler(run_dir, os.getpid(), environ)
+    first_node = environ.get("SLURM_NODEID", "0").strip() == "0"
+    start_sampler(run_dir, os.getpid(), environ, stragglers=first_node)
+
+
+# ---------------------------------------------------------------------------
+# The straggler watch of a launch on this machine
+# ---------------------------------------------------------------------------
+
+
+def start_straggler_watch(run_dir: Path, first_node: bool = True) -> Any:
+    """Watch the ranks' step logs for stragglers in a thread of the launcher (a local or
+    mpirun launch); None on any node but the first of a multi-node local launch, so that
+    one watch writes each event. Its lines start like the launcher's."""
+    if not first_node:
+        return None
+    from scalerun.monitor.straggler_watch import StragglerWatch
+
+    return StragglerWatch(run_dir, prefix="scalerun launch: ").start()
+
+
+def stop_straggler_watch(watch: Any) -> None:
+    """Stop the watch after its last read, so the closing summary sees every event."""
+    if watch is not None:
+        watch.stop()
 
 
 # ---------------------------------------------------------------------------
 # After the ranks: what the run directory says
 # ---------------------------------------------------------------------------
+
+
+def closing_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
+    """Everything a launcher prints when its ranks are done, in order: the summary (its
+    verdict is how the run ended when it ended badly), the straggler events, the report's
+    command, and last the error lines (where a user looks first)."""
+    errors = failure_lines(code, failure, run_dir, since)
+    ended = ending(errors, run_dir, since)
+    lines = [f"scalerun launch: {line}"
+             for line in closing_summary(run_dir, ended=ended, since=since)]
+    return [*lines, *errors]
+
+
+ERROR_PREFIX = "scalerun launch: error: "
+
+
+def ending(errors: list[str], run_dir: Path, since: float) -> str | None:
+    """How the run ended when it did not end well: the hang or the failed rank (the first
+    error line), or the ranks stopped on a signal (a preemption); None for a clean end."""
+    if errors:
+        return errors[0].removeprefix(ERROR_PREFIX)
+    stopped = run_dir / variables.STOPPED_FILE
+    try:
+        if stopped.stat().st_mtime >= since:
+            saved = stopped.read_text(errors="replace").strip()
+            return f"preempted: the ranks stopped on a signal and saved {saved}"
+    except OSError:
+        pass
+    return None
 
 
 def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:
@@ -106,12 +165,32 @@ def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -
     return [failure] if failure else []
 
 
-def closing_summary(run_dir: Path) -> list[str]:
-    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest)."""
+def closing_summary(run_dir: Path, ended: str | None = None, since: float = 0.0) -> list[str]:
+    """Three lines of the run's report (``scalerun report RUN_DIR`` has the rest), then the
+    stragglers named while it ran. ``ended``: how the run ended badly (a hang, a failed
+    rank, a preemption), which is then the first verdict."""
     from scalerun.launch.debug import findings
 
     try:
         from scalerun.report import summary_lines
     except ImportError:
-        return [*findings(run_dir), f"report: scalerun report {run_dir}"]
-    return [*summary_lines(run_dir), *findings(run_dir), f"report: scalerun report {run_dir}"]
+        summary = [f"verdict: {ended}"] if ended else []
+    else:
+        summary = summary_lines(run_dir, ended=ended)
+    return [*summary, *straggler_lines(run_dir, since), *findings(run_dir),
+            f"report: scalerun report {run_dir}"]
+
+
+MAX_EVENT_LINES = 6
+"""Straggler lines in the closing summary; the events file holds them all."""
+
+
+def straggler_lines(run_dir: Path, since: float) -> list[str]:
+    """The stragglers named (and recovered) while the run went on, oldest first."""
+    from scalerun.events import events_path, read_events
+
+    found = [e.message for e in read_events(run_dir)
+             if e.kind in ("straggler", "recovered") and e.t >= since]
+    more = len(found) - MAX_EVENT_LINES
+    tail = [f"(+{more} more in {events_path(run_dir)})"] if more > 0 else []
+    return [*found[:MAX_EVENT_LINES], *tail]

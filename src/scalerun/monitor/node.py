@@ -59,6 +59,9 @@ class NodeConfig:
     pids: tuple[RankProcess, ...] = field(default_factory=tuple)
     watch_pid: int | None = None
     """Stop when this process (the launcher) is gone, so a sampler never outlives it."""
+    stragglers: Path | None = None
+    """A run directory whose step logs this sampler also watches for stragglers
+    (:mod:`scalerun.monitor.straggler_watch`): one node's sampler per job is asked to."""
 
 
 def parse_pid(text: str) -> RankProcess:
@@ -105,7 +108,16 @@ def run(config: NodeConfig, stop: threading.Event) -> None:
     def wait(seconds: float) -> bool:
         return stop.wait(seconds) or (config.watch_pid is not None and not _alive(config.watch_pid))
 
-    sampler.run(stop, wait)
+    watch = None
+    if config.stragglers is not None:
+        from scalerun.monitor.straggler_watch import StragglerWatch
+
+        watch = StragglerWatch(config.stragglers).start()
+    try:
+        sampler.run(stop, wait)
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 def node_command(
@@ -118,6 +130,7 @@ def node_command(
     backend: str = "auto",
     watch_pid: int | None = None,
     flush_s: float | None = None,
+    stragglers: Path | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """The argv a launcher runs to start a node sampler (one place spells the flags)."""
@@ -138,6 +151,7 @@ def node_command(
         argv += ["--pid", f"{proc.rank}:{local}{proc.pid}"]
     argv += ["--watch-pid", str(watch_pid)] if watch_pid is not None else []
     argv += ["--flush", f"{flush_s:g}"] if flush_s is not None else []
+    argv += ["--stragglers", str(stragglers)] if stragglers is not None else []
     return argv
 
 

@@ -71,6 +71,8 @@ class NodeView:
     error: str | None = None
     """Why the last GPU read failed, as the sampler recorded it."""
     notes: tuple[str, ...] = ()
+    stragglers: tuple[int, ...] = ()
+    """Ranks of this node named stragglers in the run's events and not yet recovered."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,4 +89,6 @@ class Snapshot:
     """All ranks together (None: no step log yet)."""
     notes: tuple[str, ...] = ()
     """What the view could not show and why (nodes not reporting, ...)."""
+    stragglers: tuple[str, ...] = ()
+    """The lines of the stragglers still holding the others back (``RUN_DIR/events.jsonl``)."""
     version: int = SNAPSHOT_VERSION

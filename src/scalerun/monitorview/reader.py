@@ -2,8 +2,9 @@
 
 Why: files appear while the view runs (a node's sampler starts, a rank opens its log),
 so each :meth:`RunReader.poll` looks for new files and reads only the new lines of the
-known ones (:mod:`.follow`). The paths come from :mod:`scalerun.rundir`, the one place
-that names them. It never writes into the run directory.
+known ones (:mod:`scalerun.follow`), and the run's new events (:mod:`scalerun.events`).
+The paths come from :mod:`scalerun.rundir`, the one place that names them. It never
+writes into the run directory.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalerun.monitorview.follow import JsonlFollower
+from scalerun.events import read_events_from
+from scalerun.follow import JsonlFollower
 from scalerun.monitorview.model import Snapshot
 from scalerun.monitorview.state import WINDOW_S, RunState
 from scalerun.rundir import monitor_files, step_logs
@@ -30,6 +32,7 @@ class RunReader:
         self.state = RunState(window_s)
         self._monitors: dict[str, JsonlFollower] = {}
         self._steps: dict[int, JsonlFollower] = {}
+        self._events_offset = 0
 
     def poll(self) -> None:
         """Read what was appended since the last poll, new files included."""
@@ -39,6 +42,8 @@ class RunReader:
         for rank, path in step_logs(self.run_dir).items():
             chunk = self._steps.setdefault(rank, JsonlFollower(path)).read()
             self.state.add_steps(rank, chunk.records, chunk.restarted)
+        events, self._events_offset = read_events_from(self.run_dir, self._events_offset)
+        self.state.add_events(events)
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Poll, then the view at ``now`` (default: the current time)."""

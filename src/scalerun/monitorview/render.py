@@ -3,8 +3,9 @@
 Why one module: the live view and ``--once`` print the same table, and ``--json`` the
 same numbers, so a value is formatted in one place. The table has one row per GPU (a
 node without GPUs gets one ``cpu`` row with its CPU % and memory); the node's name, its
-training pace and the age of its newest record are on its first row. Nothing here reads
-files or the clock.
+training pace and the age of its newest record are on its first row. A node with a
+straggling rank is shown in red, its name followed by the rank, and the straggler's
+line is in the caption. Nothing here reads files or the clock.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ COLUMNS = ("node", "gpu", "util %", "memory GiB", "power W", "temp °C",
 RIGHT = set(COLUMNS[2:])
 """Numbers are right-aligned."""
 MISSING = "-"
+STRAGGLER_STYLE = "bold red"
+"""The rows of a node with a straggling rank (its name says which rank)."""
 
 
 def snapshot_table(snapshot: Snapshot, hint: str | None = None) -> Table:
@@ -35,7 +38,8 @@ def snapshot_table(snapshot: Snapshot, hint: str | None = None) -> Table:
     for node in snapshot.nodes:
         rows = node_rows(node, snapshot.t)
         for index, row in enumerate(rows):
-            table.add_row(*row, end_section=index == len(rows) - 1)
+            table.add_row(*row, end_section=index == len(rows) - 1,
+                          style=STRAGGLER_STYLE if node.stragglers else None)
     return table
 
 
@@ -46,9 +50,17 @@ def node_rows(node: NodeView, now: float) -> list[list[str]]:
     else:
         devices = [["cpu" if node.t is not None else MISSING, number(node.cpu_pct, ".0f"),
                     memory(node.mem_used_mb, node.mem_total_mb), MISSING, MISSING]]
-    first = [node.node, *devices[0], *training_cells(node.training), age(node, now)]
+    first = [node_cell(node), *devices[0], *training_cells(node.training), age(node, now)]
     after = [""] * (len(COLUMNS) - 1 - len(devices[0]))  # node-level cells: first row only
     return [first] + [["", *cells, *after] for cells in devices[1:]]
+
+
+def node_cell(node: NodeView) -> str:
+    """The node's name, and its straggling ranks: ``nid005529 straggler: rank 3``."""
+    if not node.stragglers:
+        return node.node
+    ranks = ", ".join(map(str, node.stragglers))
+    return f"{node.node} straggler: rank{'s' if len(node.stragglers) > 1 else ''} {ranks}"
 
 
 def gpu_cells(gpu: GpuView) -> list[str]:
@@ -103,6 +115,7 @@ def caption(snapshot: Snapshot, hint: str | None) -> str:
             f"{number(total.steps_per_s, '.2f')} steps/s, "
             f"{number(total.samples_per_s, ',.1f')} samples/s, loss {number(total.loss, '.4g')} "
             f"(rates over the last {snapshot.window_s:g} s of steps)")
+    lines += list(snapshot.stragglers)
     lines += [f"{node.node}: {node.error}" for node in snapshot.nodes if node.error]
     notes = dict.fromkeys(note for node in snapshot.nodes for note in node.notes)
     lines += [*snapshot.notes, *notes]

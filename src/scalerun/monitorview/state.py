@@ -10,7 +10,9 @@ last ``window_s`` seconds of its log divided by their summed durations (``dt``),
 first step of a log left out (its ``dt`` counts the set-up since the log began); a
 node's steps/s is the mean over its ranks (they step together), its samples/s the sum;
 the loss is the mean of each rank's latest ``loss`` scalar. A rank belongs to the node
-its step log's meta line names, else to the node whose sampler lists its pid. Step lines
+its step log's meta line names, else to the node whose sampler lists its pid. A rank is
+highlighted as a straggler from its ``straggler`` event until its ``recovered`` event
+(:mod:`scalerun.events`). Step lines
 are read by the keys of :mod:`scalerun.runtime.steplog_reader`, the format's one home. It
 is pure: no file, no clock (``now`` is passed in).
 """
@@ -21,10 +23,11 @@ import math
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from statistics import fmean
 from typing import Any
 
+from scalerun.events import Event
 from scalerun.monitor.records import GpuSample, Meta, Sample, parse_monitor
 from scalerun.monitorview.model import GpuView, NodeView, Snapshot, TrainingView
 from scalerun.runtime import steplog_reader as keys
@@ -159,6 +162,18 @@ class RunState:
         self.window_s = window_s
         self.monitors: dict[str, NodeSamples] = {}
         self.ranks: dict[int, RankSteps] = {}
+        self.stragglers: dict[int, Event] = {}
+        """Ranks named stragglers and not recovered since: their latest event."""
+
+    def add_events(self, events: Iterable[Event]) -> None:
+        """New events of the run: a ``straggler`` highlights its rank, ``recovered`` ends it."""
+        for event in events:
+            if event.rank is None:
+                continue
+            if event.kind == "straggler":
+                self.stragglers[event.rank] = event
+            elif event.kind == "recovered":
+                self.stragglers.pop(event.rank, None)
 
     def add_monitor(self, key: str, records: Iterable[Mapping[str, Any]],
                     restarted: bool = False) -> None:
@@ -179,15 +194,28 @@ class RunState:
         sampled = self._sampled_nodes()
         by_node = self._ranks_by_node(sampled)
         names = sorted({*sampled, *expected, *by_node}, key=natural_key)
+        slow = self._stragglers_by_node(by_node)
+        names = sorted({*names, *slow}, key=natural_key)
         nodes = tuple(
-            node_view(name, *sampled.get(name, (None, None)),
-                      training_view(by_node.get(name, []), self.window_s))
+            replace(node_view(name, *sampled.get(name, (None, None)),
+                              training_view(by_node.get(name, []), self.window_s)),
+                    stragglers=tuple(sorted(slow.get(name, ()))))
             for name in names
         )
         silent = [node.node for node in nodes if node.node in expected and node.t is None]
         notes = (f"no sample yet from {', '.join(silent)}",) if silent else ()
         return Snapshot(source=source, t=now, window_s=self.window_s, nodes=nodes, notes=notes,
-                        training=training_view(list(self.ranks.values()), self.window_s))
+                        training=training_view(list(self.ranks.values()), self.window_s),
+                        stragglers=tuple(self.stragglers[rank].message
+                                         for rank in sorted(self.stragglers)))
+
+    def _stragglers_by_node(self, by_node: Mapping[str, Sequence[RankSteps]]) -> dict[str, list[int]]:
+        """The straggling ranks by node: the event's node, else the node the rank is shown on."""
+        shown = {rank.rank: name for name, ranks in by_node.items() for rank in ranks}
+        found: dict[str, list[int]] = {}
+        for rank, event in self.stragglers.items():
+            found.setdefault(event.node or shown.get(rank, UNKNOWN_NODE), []).append(rank)
+        return found
 
     def _sampled_nodes(self) -> dict[str, tuple[Parsed, str | None]]:
         """Each monitor file by the node its meta line names (else its file name)."""

@@ -20,21 +20,28 @@ from scalerun.report.verdicts import gib, pct, seconds
 from scalerun.rundir import MONITOR, STEPS
 
 
-def summary_lines(run_dir: Path | str, warmup_steps: int = WARMUP_STEPS) -> list[str]:
-    """Exactly three short lines about the run in ``run_dir``; never raises."""
+def summary_lines(run_dir: Path | str, warmup_steps: int = WARMUP_STEPS,
+                  ended: str | None = None) -> list[str]:
+    """Exactly three short lines about the run in ``run_dir``; never raises.
+
+    ``ended``: how the run ended when it ended badly (a hang, a failed rank, a
+    preemption, as the launcher tells it); it is then the verdict, before anything the
+    report found, since a summary that says "no problem found" above "error: hang" is wrong.
+    """
     try:
-        return report_summary(build_report(load_run(Path(run_dir)), warmup_steps))
+        return report_summary(build_report(load_run(Path(run_dir)), warmup_steps), ended)
     except ScalerunError as error:
         return [f"throughput: nothing recorded ({error})", "GPUs: nothing recorded",
-                "verdict: nothing to judge"]
+                f"verdict: {ended}" if ended else "verdict: nothing to judge"]
     except Exception as error:  # noqa: BLE001 - the job's own outcome must not be hidden
         return [f"throughput: the report failed ({type(error).__name__}: {error})",
-                "GPUs: unknown", f"verdict: unknown; try `scalerun report {run_dir}`"]
+                "GPUs: unknown", f"verdict: {ended}" if ended else
+                f"verdict: unknown; try `scalerun report {run_dir}`"]
 
 
-def report_summary(report: Report) -> list[str]:
+def report_summary(report: Report, ended: str | None = None) -> list[str]:
     """The three lines of a built report."""
-    return [steps_line(report), gpus_line(report), verdict_line(report)]
+    return [steps_line(report), gpus_line(report), verdict_line(report, ended)]
 
 
 def steps_line(report: Report) -> str:
@@ -81,7 +88,12 @@ def energy(wh: float) -> str:
     return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
 
 
-def verdict_line(report: Report) -> str:
+def verdict_line(report: Report, ended: str | None = None) -> str:
+    """The worst verdict; how the run ended comes first when it ended badly."""
+    if ended:
+        more = len(report.verdicts)
+        tail = f" (+{more} more: scalerun report {report.run_dir})" if more else ""
+        return f"verdict: {ended}{tail}"
     if not report.verdicts:
         judged = report.steps is not None or report.nodes
         return "verdict: no problem found" if judged else "verdict: nothing to judge"

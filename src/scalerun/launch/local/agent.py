@@ -23,11 +23,12 @@ from scalerun.errors import LaunchError
 from scalerun.launch.local import tail
 from scalerun.launch.local.job import LocalJob
 from scalerun.launch.observe import (
-    closing_summary,
-    failure_lines,
+    closing_lines,
     prepare_run_dir,
     start_sampler,
+    start_straggler_watch,
     stop_sampler,
+    stop_straggler_watch,
 )
 from scalerun.launch.trackers import attach_report
 from scalerun.plan.launch import rank_environment
@@ -58,7 +59,7 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
 
 
 def _observed(job: LocalJob) -> int:
-    """The launch with its run directory, node sampler and closing summary."""
+    """The launch with its run directory, node sampler, straggler watch and closing summary."""
     observe, plan = job.observe, job.plan
     assert observe is not None
     prepare_run_dir(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
@@ -66,16 +67,16 @@ def _observed(job: LocalJob) -> int:
                               "script_args": list(plan.program.args)})
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
     sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
+    watch = start_straggler_watch(observe.run_dir, first_node=plan.request.local.node_rank == 0)
     code, failure, start = 1, None, time.time()
     try:
         code, failure = _run(job)
     finally:
         stop_sampler(sampler)
-        for line in closing_summary(observe.run_dir):
-            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        stop_straggler_watch(watch)
         for line in attach_report(observe.run_dir, observe.trackers):
             print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
+        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
             print(line, file=sys.stderr, flush=True)
     return code
 

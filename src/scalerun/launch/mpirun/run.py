@@ -29,11 +29,12 @@ from scalerun.files import make_dirs, write_text_atomic
 from scalerun.launch.mpirun.job import MpirunJob, mpirun_argv, rankfile_text
 from scalerun.launch.mpirun.output import MpirunMessages, RankLines, failure_line
 from scalerun.launch.observe import (
-    closing_summary,
-    failure_lines,
+    closing_lines,
     prepare_run_dir,
     start_sampler,
+    start_straggler_watch,
     stop_sampler,
+    stop_straggler_watch,
 )
 from scalerun.launch.trackers import attach_report
 from scalerun.plan.launch import rank_environment
@@ -55,16 +56,16 @@ def run_mpirun(job: MpirunJob, environ: Mapping[str, str]) -> int:
                               "script_args": list(job.plan.program.args)})
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
     sampler = start_sampler(observe.run_dir, os.getpid(), env)
+    watch = start_straggler_watch(observe.run_dir)
     code, failure, start = 1, None, time.time()
     try:
         code, failure = _with_rankfile(job, env)
     finally:
         stop_sampler(sampler)
-        for line in closing_summary(observe.run_dir):
-            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        stop_straggler_watch(watch)
         for line in attach_report(observe.run_dir, observe.trackers):
             print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        for line in failure_lines(code, failure, observe.run_dir, start):  # last, where a user looks first
+        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
             print(line, file=sys.stderr, flush=True)
     return code
 

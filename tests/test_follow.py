@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.monitorview.follow import JsonlFollower, parse_line
+from scalerun.follow import JsonlFollower, parse_line
 from scalerun.rundir import append_jsonl
 
 

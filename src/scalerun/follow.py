@@ -1,8 +1,10 @@
 """Follow one JSON Lines file as it grows: only the new whole lines at each read.
 
 Why: ``scalerun monitor`` refreshes every second while samplers and ranks append to
-their files; re-reading a whole step log each second would cost more than the job it
-watches. A follower keeps its byte offset and the unfinished last line, so a line cut in
+their files, and the live straggler watch (:mod:`scalerun.monitor.straggler_watch`) reads
+every rank's step log as the job runs; re-reading a whole step log each time would cost
+more than the job it watches. It sits low (beside :mod:`scalerun.rundir`) so that both
+the monitor view and the node sampler can use it. A follower keeps its byte offset and the unfinished last line, so a line cut in
 two by a write in progress (or a killed writer) is read once it is complete.
 
 This module decides how a file is read: from the start, except for a large file met for
