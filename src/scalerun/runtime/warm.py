@@ -62,13 +62,15 @@ def restore_for_rank(plan: RankPlan, environ: Mapping[str, str], who: str,
 
 
 def save_now(warm: WarmCache, targets: Mapping[str, Path], who: str) -> None:
-    """Save the node's folders as the warm copy; one line either way."""
+    """Save the node's folders as the warm copy: one line when something was saved or
+    could not be (a job that added nothing says nothing)."""
     try:
         outcome = save(warm, targets)
     except OSError as error:
         print(f"{who}: warm JIT cache not saved: {error}", file=sys.stderr, flush=True)
         return
-    print(f"{who}: {outcome.line}", file=sys.stderr, flush=True)
+    if outcome.files or "not saved" in outcome.line:
+        print(f"{who}: {outcome.line}", file=sys.stderr, flush=True)
 
 
 def save_for_node(environ: Mapping[str, str], who: str) -> None:

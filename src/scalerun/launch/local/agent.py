@@ -44,18 +44,23 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
     if job.check_gpus:
         check_ranks_fit_gpus(job, env)
     env.update(rank_environment(job.env, env))
+    if job.observe is not None:
+        return _observed(job)
     try:
-        if job.observe is not None:
-            return _observed(job)
         code, failure = _run(job)
-        if failure:
-            print(failure, file=sys.stderr, flush=True)
-        return code
     finally:
-        if job.plan.exec_bind:  # a program without init(): its ranks cannot save the caches
-            from scalerun.runtime.warm import save_for_node
+        _save_warm_cache(job)
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+    return code
 
-            save_for_node(env, "scalerun launch")
+
+def _save_warm_cache(job: LocalJob) -> None:
+    """The warm JIT caches of a program without ``init()``, whose ranks cannot save them."""
+    if job.plan.exec_bind:
+        from scalerun.runtime.warm import save_for_node
+
+        save_for_node(os.environ, "scalerun launch")
 
 
 def _observed(job: LocalJob) -> int:
@@ -74,6 +79,7 @@ def _observed(job: LocalJob) -> int:
     finally:
         stop_sampler(sampler)
         stop_straggler_watch(watch)
+        _save_warm_cache(job)
         for line in attach_report(observe.run_dir, observe.trackers):
             print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
         for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
