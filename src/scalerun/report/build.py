@@ -43,7 +43,17 @@ def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
         run_dir=data.run_dir, run_info=data.run_info, warmup_steps=warmup_steps, ranks=ranks,
         nodes=tuple(nodes.values()), steps=steps, gpus=gpus,
         verdicts=tuple(find_verdicts(ranks, list(nodes.values()), steps)),
-        notes=tuple(report_notes(data, ranks, stats, warmup_steps)))
+        notes=tuple(report_notes(data, ranks, stats, warmup_steps)),
+        not_measured=run_not_measured(data))
+
+
+def run_not_measured(data: RunData) -> dict[str, str]:
+    """What any rank's loop could not measure (the lowest rank's reason wins)."""
+    found: dict[str, str] = {}
+    for rank in sorted(data.ranks):
+        for key, why in keys.not_measured(data.ranks[rank].meta).items():
+            found.setdefault(key, why)
+    return found
 
 
 def rank_nodes(data: RunData) -> dict[int, str]:

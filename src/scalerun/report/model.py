@@ -8,7 +8,7 @@ never 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,6 +77,9 @@ class Report:
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...]
     """What is missing or assumed (no monitor file, GPUs matched by local rank ...)."""
+    not_measured: dict[str, str] = field(default_factory=dict)
+    """Step keys some rank's loop could not measure, and why (``data_s``: the loop is not
+    scalerun's), from the step logs' meta lines."""
 
     def rank(self, rank: int) -> RankReport | None:
         return next((r for r in self.ranks if r.rank == rank), None)
