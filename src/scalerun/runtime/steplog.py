@@ -296,8 +296,22 @@ def current_log(device: Any = None) -> StepLog | None:
     _tried = True
     _log = _open_log(device)
     if _log is not None:
-        atexit.register(_log.close)
+        atexit.register(_close_at_exit)
     return _log
+
+
+def _close_at_exit() -> None:
+    """The last records, at exit: a log that cannot be written is one line, not a traceback
+    after the user's own output."""
+    import sys
+
+    if _log is None:
+        return
+    try:
+        _log.close()
+    except OSError as error:
+        print(f"scalerun: the step log {_log.path} cannot be written ({error})",
+              file=sys.stderr, flush=True)
 
 
 def _open_log(device: Any = None) -> StepLog | None:
@@ -404,5 +418,5 @@ def close_log() -> None:
     global _log, _tried
     if _log is not None:
         _log.close()
-        atexit.unregister(_log.close)
+        atexit.unregister(_close_at_exit)
     _log, _tried = None, False
