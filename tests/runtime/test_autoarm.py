@@ -14,7 +14,6 @@ import pytest
 
 from scalerun.commands.exec_ import step_hooks_env
 from scalerun.plan import variables
-from scalerun.rundir import step_logs
 from scalerun.runtime.autoarm import BOOT_DIR, python_path_with_boot
 
 RUN = "/runs/r1"

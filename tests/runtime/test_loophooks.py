@@ -121,3 +121,10 @@ def test_unreadable_launcher_variables_leave_the_script_alone(tmp_path: Path) ->
     """A rank whose placement cannot be read gets no log (no guessed rank), and runs on."""
     run_script(PLAIN, tmp_path, RANK="one", WORLD_SIZE="2", LOCAL_RANK="0")
     assert not step_log_path(tmp_path, 0).exists()
+
+
+def test_a_restarted_rank_numbers_on(tmp_path: Path) -> None:
+    """A second attempt appends to its log: its steps follow the first attempt's."""
+    run_script(PLAIN, tmp_path)
+    run_script(PLAIN, tmp_path)
+    assert [s[keys.STEP] for s in step_lines(tmp_path)] == [1, 2, 3, 4, 5, 6]

@@ -92,6 +92,13 @@ def arm_after_torch(environ: Mapping[str, str] | None = None) -> None:
         sys.meta_path.insert(0, RunAfterImport(ARM_AFTER, arm_quietly))
 
 
+def arm_now(environ: Mapping[str, str] | None = None) -> None:
+    """Arm the hooks in this process where they are wanted (``scalerun.init()`` calls it:
+    torch is imported already). Never raises."""
+    if wanted(environ):
+        arm_quietly()
+
+
 def arm_quietly() -> None:
     """:func:`scalerun.runtime.loophooks.arm`, with any failure as one line."""
     try:

@@ -121,9 +121,9 @@ def init(
     from scalerun.runtime import preempt
 
     preempt.arm()  # before any loader forks workers: they inherit the handlers
-    from scalerun.runtime import loophooks
+    from scalerun.runtime import autoarm
 
-    loophooks.arm()  # every optimizer step logged, whoever owns the optimizer
+    autoarm.arm_now()  # every optimizer step logged, whoever owns the optimizer
     return ctx
 
 

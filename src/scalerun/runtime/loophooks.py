@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
-from scalerun.runtime import autoarm
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog import StepLog, current_log
 
@@ -114,6 +114,7 @@ class LoopHooks:
             return None
         if log.loop is None:
             log.claim(keys.LOOP_HOOKS)
+            self.steps = last_logged_step(log.path)
         return None if log.loop == keys.LOOP_WRAP else log
 
     # -- optimizer ---------------------------------------------------------------------
@@ -233,6 +234,16 @@ class LoopHooks:
             self.fail(error)
 
 
+def last_logged_step(path: Path) -> int:
+    """The last step a previous attempt of this rank logged (a restarted job appends to
+    its log): the hooks number on from there, so no step's record replaces another's."""
+    if not path.exists():
+        return 0
+    _, records = keys.read_step_log(path)
+    last = keys.json_number(records[-1].get(keys.STEP)) if records else None
+    return int(last) if last is not None else 0
+
+
 def optimizer_device(optimizer: Any) -> Any:
     """Where the optimizer's first parameter lives (the rank's device)."""
     for group in getattr(optimizer, "param_groups", ()):
@@ -272,14 +283,13 @@ def grad_tensor(output: Any) -> torch.Tensor | None:
 _hooks: LoopHooks | None = None
 
 
-def arm(environ: Mapping[str, str] | None = None) -> bool:
-    """Install the hooks once in this process where they are wanted; True when installed.
-    Never raises: what cannot be installed is one line on stderr."""
+def arm() -> bool:
+    """Install the hooks once in this process; True when installed. Where they are wanted
+    is :func:`scalerun.runtime.autoarm.arm_now`'s question. Never raises: what cannot be
+    installed is one line on stderr."""
     global _hooks
     if _hooks is not None:
         return not _hooks.off
-    if not autoarm.wanted(environ):
-        return False
     _hooks = LoopHooks()
     try:
         _hooks.install()
