@@ -83,10 +83,10 @@ class LoopHooks:
         self.handles, self.global_module_handles = [], []
 
     def fail(self, error: BaseException) -> None:
-        """Turn every hook off, with one line: the user's run goes on without a step log."""
+        """Turn every hook off, with one line: the user's run goes on without a step log.
+        The hooks stay registered and return at once: torch may be iterating over them."""
         if not self.off:
             self.off = True
-            self.remove()
             print(f"scalerun: step log hooks off on this rank ({type(error).__name__}: "
                   f"{error}); the run goes on without them", file=sys.stderr, flush=True)
 
@@ -108,9 +108,7 @@ class LoopHooks:
         for a device (the launcher's variables are unreadable) the hooks go."""
         log = current_log(device)
         if log is None:
-            if device is not None:
-                self.off = True
-                self.remove()
+            self.off = device is not None
             return None
         if log.loop is None:
             log.claim(keys.LOOP_HOOKS)
@@ -119,6 +117,8 @@ class LoopHooks:
 
     # -- optimizer ---------------------------------------------------------------------
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.off:
+            return
         try:
             log = self.log_for(optimizer_device(optimizer))
             if log is None:
@@ -132,6 +132,8 @@ class LoopHooks:
             self.fail(error)
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.off:
+            return
         try:
             if id(optimizer) not in self.stepping:
                 return
@@ -164,11 +166,11 @@ class LoopHooks:
             self.depth += 1
             if self.depth != 1 or self.off or not torch.is_grad_enabled():
                 return
-            log = self.log_for(module_device(module) if self.learning else None)
-            if log is None:
-                return
             if self.learning:
                 self.learn_root(module)
+            log = self.log_for(module_device(module) if self.learning and joined() else None)
+            if log is None:
+                return
             if log.loop != keys.LOOP_HOOKS:
                 return  # wrap(model) marks the forward and counts the samples
             if self.stepping:
@@ -242,6 +244,18 @@ def last_logged_step(path: Path) -> int:
     _, records = keys.read_step_log(path)
     last = keys.json_number(records[-1].get(keys.STEP)) if records else None
     return int(last) if last is not None else 0
+
+
+def joined() -> bool:
+    """True in the rank's own process: one in a process group, or one no multiprocessing
+    parent started. Only there may a forward open the log before the first step: a helper
+    (a data-loader worker started fresh) has the rank's variables but no group, and must
+    not write a meta line into the rank's log."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    return (dist.is_available() and dist.is_initialized()) or multiprocessing.parent_process() is None
 
 
 def optimizer_device(optimizer: Any) -> Any:

@@ -6,7 +6,9 @@ how long forward, backward and the optimizer took, how long gradients were in fl
 how many samples it processed, and the user's own scalars (``scalerun.log(loss=...)``).
 ``scalerun report``, ``scalerun monitor`` and ``scalerun scaling`` read them back with
 :mod:`scalerun.runtime.steplog_reader`, which holds the format and names every key this
-writer uses.
+writer uses. Who feeds it: ``wrap()`` and ``scalerun.loader``, and torch's global
+optimizer and module hooks for a loop scalerun does not own
+(:mod:`scalerun.runtime.loophooks`); :meth:`StepLog.claim` keeps one source per step.
 
 What it must never do: slow the step it measures. On a GPU nothing here synchronises:
 phases are marked with CUDA events, and a step's record is written once its last event
