@@ -33,6 +33,7 @@ CASES = [
     ("loader", 60, ["per-sample float32", "batched uint8", "per worker"]),
     ("overhead", 120, ["course", "scalerun", "/ course"]),
     ("steplog", 120, ["step-log calls per step", "loop with / without log"]),
+    ("loophooks", 240, ["hooks' work per step", "small loop with / without hooks"]),
 ]
 
 

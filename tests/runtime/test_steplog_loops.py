@@ -76,6 +76,7 @@ def test_readme_tour(tmp_path) -> None:
 def test_plain_ddp_without_scalerun(tmp_path) -> None:
     output, run_dir = launch(tmp_path, "plain_ddp.py", str(STEPS))
     assert "Traceback" not in output
+    assert output.count("global module hooks: 0") == 2, output[-2000:]
     line = throughput_line(output)
     assert f"data wait, comm: {UNOWNED}" in line, line
     # the evaluation forwards under no_grad count neither as steps nor as samples
@@ -96,6 +97,7 @@ def test_accelerate_with_accumulation(tmp_path) -> None:
 
 def test_wrap_owned_loop_counts_each_step_once(tmp_path) -> None:
     output, run_dir = launch(tmp_path, "owned.py", str(STEPS))
+    assert output.count("global module hooks: 0") == 2, output[-2000:]
     line = throughput_line(output)
     assert UNOWNED not in line
     for meta in check_logs(run_dir, STEPS, keys.LOOP_WRAP, samples=4):

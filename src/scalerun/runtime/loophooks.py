@@ -101,6 +101,16 @@ class LoopHooks:
             self.handles.append(root.register_forward_hook(self.after_forward, with_kwargs=True,
                                                            always_call=True))
 
+    def stand_down_for_wrap(self) -> None:
+        """``wrap()`` owns the steps: no hook has anything to do, and no module call may
+        stay on torch's slow path for them (the optimizer hooks stay, returning at once)."""
+        log = current_log()
+        if log is not None and log.loop == keys.LOOP_WRAP:
+            for handle in self.global_module_handles:
+                handle.remove()
+            self.global_module_handles = []
+            self.off = True
+
     # -- the log -----------------------------------------------------------------------
     def log_for(self, device: Any) -> StepLog | None:
         """This rank's log, claimed for the hooks when nobody claimed it; None where
@@ -122,6 +132,7 @@ class LoopHooks:
         try:
             log = self.log_for(optimizer_device(optimizer))
             if log is None:
+                self.stand_down_for_wrap()
                 return
             if self.stepping and self.stepping[-1] == id(optimizer):
                 self.stepping.clear()  # that step raised: its post hook never ran
