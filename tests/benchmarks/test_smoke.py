@@ -37,6 +37,7 @@ CASES = [
     ("overhead", 120, ["course", "scalerun", "/ course"]),
     ("steplog", 120, ["step-log calls per step", "loop with / without log"]),
     ("straggler", 120, ["rule us/step", "watch us/rank-step", "of a 100 ms step"]),
+    ("loophooks", 240, ["hooks' work per step", "small loop with / without hooks"]),
 ]
 
 

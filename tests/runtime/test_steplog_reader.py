@@ -178,3 +178,44 @@ def test_the_readers_import_no_torch() -> None:
             "scalerun.scaling, scalerun.scaling.report; print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+def hooked_steps(path: Path, loop: str, data_wait: bool) -> tuple[dict, list[dict]]:
+    """Two steps as torch's hooks end them (forward, backward, optimizer; no collective)."""
+    clock = FakeClock(START)
+    log = StepLog(path, META, marks=ClockMarks(clock), clock=clock, flush_every_s=1e9)
+    log.claim(loop)
+    for step in (1, 2):
+        if data_wait:
+            log.waited_for_data(DATA_S)
+        for phase in ("fwd", "bwd", "opt"):
+            log.begin(phase)
+            clock.now += 0.25
+            log.end(phase)
+        log.end_step(step)
+    log.close()
+    return read_step_log(path)
+
+
+def test_a_loop_scalerun_does_not_own_says_what_it_cannot_measure(tmp_path: Path) -> None:
+    meta, steps = hooked_steps(step_log_path(tmp_path, 0), keys.LOOP_HOOKS, data_wait=False)
+    assert meta[keys.LOOP] == keys.LOOP_HOOKS
+    assert set(keys.not_measured(meta)) == {keys.DATA_S, keys.COMM_S}
+    assert "loop not owned by scalerun" in keys.not_measured(meta)[keys.DATA_S]
+    assert [(r[keys.DATA_S], r[keys.COMM_S], r[keys.FWD_S]) for r in steps] == [(None, None, 0.25)] * 2
+    assert step_parts(steps)["data_s"] == 0.0  # read as before: unknown adds nothing
+
+
+def test_scalerun_loader_times_the_data_of_a_hooked_loop(tmp_path: Path) -> None:
+    meta, steps = hooked_steps(step_log_path(tmp_path, 0), keys.LOOP_WRAP_MODEL, data_wait=True)
+    assert set(keys.not_measured(meta)) == {keys.COMM_S}
+    assert [r[keys.DATA_S] for r in steps] == [DATA_S, DATA_S]
+
+
+@pytest.mark.parametrize(("meta", "expected"), [
+    ({}, {}),  # a log written before the key existed
+    ({keys.NOT_MEASURED: "text"}, {}),
+    ({keys.NOT_MEASURED: {keys.DATA_S: "why"}}, {keys.DATA_S: "why"}),
+])
+def test_not_measured(meta: dict, expected: dict) -> None:
+    assert keys.not_measured(meta) == expected

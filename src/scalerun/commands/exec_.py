@@ -133,6 +133,18 @@ def decided_env(environ: Mapping[str, str], *, bind: bool = False) -> dict[str, 
     return applied.exported
 
 
+def step_hooks_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` with the step-log hooks' boot folder first (this scalerun's: the
+    host's, or the one brought into an image), so that the program's steps are logged
+    even where it never imports scalerun (:mod:`scalerun.runtime.autoarm`). The user's
+    entries stay, after it; nothing where the run has no run directory or
+    ``SCALERUN_STEP_HOOKS=0``."""
+    from scalerun.runtime.autoarm import python_path_with_boot
+
+    path = python_path_with_boot(environ)
+    return {"PYTHONPATH": path} if path is not None else {}
+
+
 def srun_cpu_bind_here(
     ranks_per_node: int,
     environ: Mapping[str, str],
@@ -212,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         exec_command(command, {})
     added, kept = exported_env(os.environ, args.env, torchrun_agent=args.torchrun_agent)
     added.update(decided_env({**os.environ, **added}, bind=args.bind))
+    added.update(step_hooks_env({**os.environ, **added}))
     environ = {**os.environ, **added}
     command = profiled(command, environ)
     if not in_image(environ):  # in an image, the host side started it (--host-side)

@@ -231,6 +231,7 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
                 RankVariable("PYTHONUNBUFFERED", "1", "rank output line by line, as the course's "
                              "python -u (a script that does not import scalerun too)", keep_user=True),
                 *_hang_default(request, site), *_restarts(request), *_warm_cache(request, site),
+                *_step_hooks(request),
                 *(RankVariable(name, value, f"site {site.name}", keep_user=True, template=True)
                   for name, value in site.env.items())]
     return (*own, *frozen, *given, *defaults)
@@ -315,6 +316,16 @@ def _checkpoint(request: LaunchRequest) -> list[RankVariable]:
     if not request.checkpoint:
         return []
     return [RankVariable(variables.CHECKPOINT, request.checkpoint, "--checkpoint")]
+
+
+def _step_hooks(request: LaunchRequest) -> list[RankVariable]:
+    """Every optimizer step in the step log, whatever the loop: ``scalerun exec`` puts the
+    hooks' boot folder on the path of ranks that never import scalerun, ``init()`` arms them
+    in the others (a user's ``SCALERUN_STEP_HOOKS=0`` keeps them off)."""
+    if request.observe is None:
+        return []
+    return [RankVariable(variables.STEP_HOOKS, "1", "the run directory's step log, whatever "
+                         "the loop", keep_user=True)]
 
 
 def _restarts(request: LaunchRequest) -> list[RankVariable]:

@@ -74,11 +74,16 @@ MONITOR = "SCALERUN_MONITOR"
 """``0`` turns the node sampler off (``--no-monitor``)."""
 MONITOR_INTERVAL = "SCALERUN_MONITOR_INTERVAL"
 """Seconds between node samples."""
+STEP_HOOKS = "SCALERUN_STEP_HOOKS"
+"""``1``: every optimizer step goes into the step log, whatever the loop (torch's global
+optimizer hooks, installed in ranks that do not import scalerun by ``scalerun exec``);
+``0`` turns them off."""
 
 ALL = (
     SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
-    PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL,
+    PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL, STEP_HOOKS,
+    WARM_CACHE, WARM_CACHE_GB,
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 

@@ -47,7 +47,8 @@ def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
         verdicts=tuple(find_verdicts(ranks, list(nodes.values()), steps)),
         notes=tuple(report_notes(data, ranks, stats, warmup_steps)), events=data.events,
         scalars=tuple(scalar_summaries(scalar_series(
-            {rank: log.steps for rank, log in data.ranks.items()}, start))), start=start)
+            {rank: log.steps for rank, log in data.ranks.items()}, start))), start=start,
+        not_measured=run_not_measured(data))
 
 
 def time_origin(data: RunData) -> float:
@@ -57,6 +58,15 @@ def time_origin(data: RunData) -> float:
               if isinstance(log.meta.get(keys.START), int | float)]
     times += [float(log.steps[0][keys.T]) for log in data.ranks.values() if log.steps]
     return min(times) if times else 0.0
+
+
+def run_not_measured(data: RunData) -> dict[str, str]:
+    """What any rank's loop could not measure (the lowest rank's reason wins)."""
+    found: dict[str, str] = {}
+    for rank in sorted(data.ranks):
+        for key, why in keys.not_measured(data.ranks[rank].meta).items():
+            found.setdefault(key, why)
+    return found
 
 
 def rank_nodes(data: RunData) -> dict[int, str]:

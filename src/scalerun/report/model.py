@@ -8,7 +8,7 @@ never 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,6 +85,9 @@ class Report:
     """Every scalar the ranks logged (``scalerun.log``), in the order first logged."""
     start: float = 0.0
     """Unix time of the earliest record anywhere in the run: the charts' time zero."""
+    not_measured: dict[str, str] = field(default_factory=dict)
+    """Step keys some rank's loop could not measure, and why (``data_s``: the loop is not
+    scalerun's), from the step logs' meta lines."""
 
     def rank(self, rank: int) -> RankReport | None:
         return next((r for r in self.ranks if r.rank == rank), None)

@@ -9,6 +9,7 @@ becomes a line that says what is missing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from scalerun.errors import ScalerunError
@@ -18,6 +19,7 @@ from scalerun.report.model import Report
 from scalerun.report.steps import WARMUP_STEPS, RunSteps
 from scalerun.report.verdicts import gib, pct, seconds
 from scalerun.rundir import MONITOR, STEPS
+from scalerun.runtime import steplog_reader as keys
 
 
 def summary_lines(run_dir: Path | str, warmup_steps: int = WARMUP_STEPS,
@@ -49,15 +51,38 @@ def steps_line(report: Report) -> str:
     if steps is None:
         return f"throughput: no step recorded in {report.run_dir / STEPS}"
     rate = f"{number(steps.samples_per_s)} samples/s" if steps.samples_per_s else "samples not counted"
-    return f"throughput: {rate} on {steps.world_size} rank(s); {split(steps)}"
+    return f"throughput: {rate} on {steps.world_size} rank(s); {split(steps, report.not_measured)}"
 
 
-def split(steps: RunSteps) -> str:
-    """``step 215 ms: data 4 %, compute 70 %, comm 21 %, other 5 %``."""
+def split(steps: RunSteps, not_measured: Mapping[str, str] | None = None) -> str:
+    """``step 215 ms: data 4 %, compute 70 %, comm 21 %, other 5 %``; for a loop scalerun
+    does not own, ``step 14 ms: compute 92 %, other 8 %; data wait, comm: not measured
+    (loop not owned by scalerun)`` (its data wait is inside other)."""
+    if not_measured:
+        return unowned_split(steps, not_measured)
     comm = pct(steps.share(steps.comm_s) or 0.0) if steps.comm_s is not None else "not measured"
     return (f"step {seconds(steps.step_s)}: data {pct(steps.share(steps.data_s) or 0.0)}, "
             f"compute {pct(steps.share(steps.compute_s) or 0.0)}, comm {comm}, "
             f"other {pct(steps.share(steps.other_s) or 0.0)}")
+
+
+UNMEASURED_NAMES = {keys.DATA_S: "data wait", keys.COMM_S: "comm", keys.FWD_S: "forward",
+                    keys.BWD_S: "backward"}
+
+
+def unowned_split(steps: RunSteps, not_measured: Mapping[str, str]) -> str:
+    """The split of a loop seen through torch's hooks: only what they measured, then what
+    they could not."""
+    parts = []
+    if keys.DATA_S not in not_measured:
+        parts.append(f"data {pct(steps.share(steps.data_s) or 0.0)}")
+    parts.append(f"compute {pct(steps.share(steps.compute_s) or 0.0)}")
+    if steps.comm_s is not None:
+        parts.append(f"comm {pct(steps.share(steps.comm_s) or 0.0)}")
+    parts.append(f"other {pct(steps.share(steps.other_s) or 0.0)}")
+    missing = [UNMEASURED_NAMES.get(key, key) for key in not_measured]
+    return (f"step {seconds(steps.step_s)}: {', '.join(parts)}; {', '.join(missing)}: "
+            "not measured (loop not owned by scalerun)")
 
 
 def gpus_line(report: Report) -> str:

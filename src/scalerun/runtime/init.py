@@ -122,6 +122,9 @@ def init(
     from scalerun.runtime import preempt
 
     preempt.arm()  # before any loader forks workers: they inherit the handlers
+    from scalerun.runtime import autoarm
+
+    autoarm.arm_now()  # every optimizer step logged, whoever owns the optimizer
     return ctx
 
 

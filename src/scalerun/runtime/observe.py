@@ -18,12 +18,15 @@ from scalerun.runtime.steplog import StepLog, current_log
 
 
 def attach_step_log(strategy: Any) -> StepLog | None:
-    """This rank's step log, told the model's size; the strategy times its collectives."""
+    """This rank's step log, told the model's size and who ends its steps (wrap with its
+    optimizer, else torch's optimizer hooks: :mod:`scalerun.runtime.loophooks`); the
+    strategy times its collectives."""
     log = current_log()
     if log is None:
         return None
     params = list(strategy.unwrapped.parameters()) if strategy.unwrapped is not None else []
     trained = [p for p in params if p.requires_grad]
+    log.claim(keys.LOOP_WRAP if strategy.optimizer is not None else keys.LOOP_WRAP_MODEL)
     log.update_meta(**{
         keys.STRATEGY: strategy.name,
         keys.PARAMS: sum(p.numel() for p in params),

@@ -6,7 +6,9 @@ how long forward, backward and the optimizer took, how long gradients were in fl
 how many samples it processed, and the user's own scalars (``scalerun.log(loss=...)``).
 ``scalerun report``, ``scalerun monitor`` and ``scalerun scaling`` read them back with
 :mod:`scalerun.runtime.steplog_reader`, which holds the format and names every key this
-writer uses.
+writer uses. Who feeds it: ``wrap()`` and ``scalerun.loader``, and torch's global
+optimizer and module hooks for a loop scalerun does not own
+(:mod:`scalerun.runtime.loophooks`); :meth:`StepLog.claim` keeps one source per step.
 
 What it must never do: slow the step it measures. On a GPU nothing here synchronises:
 phases are marked with CUDA events, and a step's record is written once its last event
@@ -108,6 +110,9 @@ class StepLog:
         self._last_flush = clock()
         self.alone = False
         """True when there is nothing to communicate (one rank): ``comm_s`` is 0, not unknown."""
+        self.loop: str | None = None
+        """Who ends the steps (``steplog_reader.LOOP_*``): the first to claim the log."""
+        self._data_seen = False
 
     def _fresh(self) -> dict[str, Any]:
         return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}}
@@ -117,8 +122,14 @@ class StepLog:
         """Facts known later than the log (the model's size, the strategy)."""
         self.meta.update(values)
 
+    def claim(self, loop: str) -> None:
+        """``loop`` records the steps from now on (``wrap()`` claims before any hook)."""
+        self.loop = loop
+        self.meta[keys.LOOP] = loop
+
     def waited_for_data(self, seconds: float) -> None:
         self._settle()
+        self._data_seen = True
         self._current["data_s"] += seconds
 
     def begin(self, phase: str) -> None:
@@ -177,7 +188,7 @@ class StepLog:
         for phase, key in keys.PHASE_KEYS.items():
             spans = pending.spans.get(phase, [])
             record[key] = round(sum(seconds(a, b) for a, b in spans), 6) if spans else None
-        record[keys.DATA_S] = round(pending.data_s, 6)
+        record[keys.DATA_S] = round(pending.data_s, 6) if self._measures_data() else None
         if pending.comm:
             record[keys.COMM_S] = round(comm_seconds(pending.comm, seconds), 6)
         else:
@@ -185,6 +196,22 @@ class StepLog:
         record[keys.SAMPLES] = pending.samples
         record[keys.SCALARS] = {name: as_number(value) for name, value in pending.scalars.items()}
         return record
+
+    def _measures_data(self) -> bool:
+        """The data wait is known where scalerun's loader reported it, or where ``wrap()``
+        owns the loop (which has always written 0.0 without a loader)."""
+        return self._data_seen or self.loop in (None, keys.LOOP_WRAP)
+
+    def _not_measured(self, records: list[dict[str, Any]]) -> dict[str, str]:
+        """The step keys this loop leaves null, and why (for the meta line)."""
+        if self.loop in (None, keys.LOOP_WRAP):
+            return {}
+        why = {keys.DATA_S: "loop not owned by scalerun (scalerun.loader times it)",
+               keys.COMM_S: "collectives not timed (the model is not wrapped by scalerun)",
+               keys.FWD_S: "no forward seen by the module hooks",
+               keys.BWD_S: "no backward seen by the module hooks"}
+        return {key: reason for key, reason in why.items()
+                if records and all(record.get(key) is None for record in records)}
 
     def flush(self, *, everything: bool = False) -> None:
         """Write every resolved record (all of them with ``everything``, at the end)."""
@@ -196,6 +223,8 @@ class StepLog:
         self._ready = []
         if records:
             self._compute_dt(records)
+        if not self._meta_written and self.loop is not None:
+            self.meta[keys.NOT_MEASURED] = self._not_measured(records)
         lines = ([] if self._meta_written else [{keys.KIND: keys.META_KIND, **self.meta}]) + records
         if lines:
             append_jsonl(self.path, lines)
@@ -256,41 +285,110 @@ _log: StepLog | None = None
 _tried = False
 
 
-def current_log() -> StepLog | None:
-    """This rank's step log, opened on first use where the launcher gave a run directory."""
+def current_log(device: Any = None) -> StepLog | None:
+    """This rank's step log, opened on first use where the launcher gave a run directory.
+
+    ``device`` (a ``torch.device``): where a loop scalerun does not own trains, for a rank
+    that never called ``scalerun.init()``; its placement is then read from the launcher's
+    variables (``RANK``, ``WORLD_SIZE`` ...), as ``init()`` would.
+    """
     global _log, _tried
-    if _log is not None or _tried:
+    if _log is not None or (_tried and device is None):
         return _log
     _tried = True
-    _log = _open_log()
+    _log = _open_log(device)
     if _log is not None:
-        atexit.register(_log.close)
+        atexit.register(_close_at_exit)
     return _log
 
 
-def _open_log() -> StepLog | None:
-    from scalerun.placement import node_name
+def _close_at_exit() -> None:
+    """The last records, at exit: a log that cannot be written is one line, not a traceback
+    after the user's own output."""
+    import sys
+
+    if _log is None:
+        return
+    try:
+        _log.close()
+    except OSError as error:
+        print(f"scalerun: the step log {_log.path} cannot be written ({error})",
+              file=sys.stderr, flush=True)
+
+
+def _open_log(device: Any = None) -> StepLog | None:
     from scalerun.rundir import run_dir_from, step_log_path
     from scalerun.runtime.context import current
 
     run_dir, ctx = run_dir_from(), current()
-    if run_dir is None or ctx is None:
+    if run_dir is None:
         return None
-    import socket
-
-    gpu = ctx.plan.gpu if ctx.plan is not None else None
-    cuda = ctx.device.type == "cuda"
-    meta = {keys.RANK: ctx.rank, keys.WORLD_SIZE: ctx.world_size, keys.LOCAL_RANK: ctx.local_rank,
-            keys.NODE: node_name(), keys.HOST: socket.gethostname(), keys.DEVICE: str(ctx.device),
-            keys.GPU_INDEX: gpu.physical if gpu is not None and cuda else None,
-            keys.GPU_PCI: ctx.plan.binding.gpu_pci if ctx.plan and cuda else None,
-            keys.BACKEND: ctx.backend, keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
-            keys.VERSION: keys.FORMAT_VERSION}
-    marks = CudaMarks() if cuda else CpuMarks()
+    if ctx is not None:
+        gpu = ctx.plan.gpu if ctx.plan is not None else None
+        cuda = ctx.device.type == "cuda"
+        meta = _meta(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device, ctx.backend,
+                     gpu.physical if gpu is not None and cuda else None,
+                     ctx.plan.binding.gpu_pci if ctx.plan and cuda else None)
+    elif device is not None:
+        meta = _meta_without_init(device)
+        if meta is None:
+            return None
+    else:
+        return None
+    rank = meta[keys.RANK]
+    marks = CudaMarks() if str(meta[keys.DEVICE]).startswith("cuda") else CpuMarks()
     from scalerun.runtime.trackers.sink import sink_for_rank
 
-    return StepLog(step_log_path(run_dir, ctx.rank), meta, marks=marks,
-                   sink=sink_for_rank(run_dir, ctx.rank))
+    return StepLog(step_log_path(run_dir, rank), meta, marks=marks, sink=sink_for_rank(run_dir, rank))
+
+
+def _meta(rank: int, world_size: int, local_rank: int, device: Any, backend: str | None,
+          gpu_index: int | None, gpu_pci: str | None) -> dict[str, Any]:
+    import socket
+
+    from scalerun.placement import node_name
+
+    return {keys.RANK: rank, keys.WORLD_SIZE: world_size, keys.LOCAL_RANK: local_rank,
+            keys.NODE: node_name(), keys.HOST: socket.gethostname(), keys.DEVICE: str(device),
+            keys.GPU_INDEX: gpu_index, keys.GPU_PCI: gpu_pci, keys.BACKEND: backend,
+            keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
+            keys.VERSION: keys.FORMAT_VERSION}
+
+
+def _meta_without_init(device: Any) -> dict[str, Any] | None:
+    """The meta line of a rank that never called ``init()``: placement from the launcher's
+    variables, the GPU from torch (None where the launcher's variables are unreadable)."""
+    from scalerun.errors import ScalerunError
+    from scalerun.placement import detect
+
+    try:
+        where = detect()
+    except ScalerunError:
+        return None
+    import torch.distributed as dist
+
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+    gpu_index, gpu_pci = _gpu_of(device)
+    return _meta(where.rank, where.world_size, where.local_rank, device, backend, gpu_index, gpu_pci)
+
+
+def _gpu_of(device: Any) -> tuple[int | None, str | None]:
+    """(physical index, PCI address) of a CUDA device, as far as torch and the visibility
+    variable tell; (None, None) on a CPU or where they do not."""
+    import os
+
+    if getattr(device, "type", None) != "cuda":
+        return None, None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    physical = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
+    props = torch.cuda.get_device_properties(index)
+    bus = getattr(props, "pci_bus_id", None)
+    pci = (f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+           if isinstance(bus, int) else None)
+    return physical, pci
 
 
 def _own_cpus() -> list[int] | None:
@@ -322,5 +420,5 @@ def close_log() -> None:
     global _log, _tried
     if _log is not None:
         _log.close()
-        atexit.unregister(_log.close)
+        atexit.unregister(_close_at_exit)
     _log, _tried = None, False

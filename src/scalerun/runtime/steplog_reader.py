@@ -12,6 +12,7 @@ few times a minute): a first meta line, then one step line per optimizer step::
     {"kind": "meta", "rank": 0, "world_size": 8, "local_rank": 0, "node": "nid005529",
      "host": "nid005529", "device": "cuda:0", "gpu_index": 0, "gpu_pci": "0000:10:00.0",
      "backend": "nccl", "cpus": [0, 1, 2], "start": 1718000000.0, "version": 1,
+     "loop": "wrap", "not_measured": {},
      "strategy": "ddp", "params": 1000000, "grad_bytes": 4000000, "accumulation": 1}
     {"kind": "step", "step": 1, "t": 1718000010.2, "fwd_s": 0.03, "bwd_s": 0.06,
      "opt_s": 0.01, "data_s": 0.005, "comm_s": 0.012, "samples": 32,
@@ -19,10 +20,19 @@ few times a minute): a first meta line, then one step line per optimizer step::
 
 Times are seconds; ``t`` and ``start`` are Unix times, ``t`` at the end of the step;
 ``dt`` is the time since the previous step ended (the first step: since ``start``).
-Unknown values are ``null``: a phase the loop never marked, ``comm_s`` where the strategy
-does not time its collectives (``0.0`` when there is nothing to communicate), ``samples``
-where none were counted. The meta keys after ``version`` arrive once the model is
-wrapped; any may be missing in a log written by an older scalerun.
+Unknown values are ``null``: a phase the loop never marked, ``data_s`` where nothing
+scalerun owns fed the loop (no ``scalerun.loader``, no ``wrap()`` with its optimizer),
+``comm_s`` where the strategy does not time its collectives (``0.0`` when there is nothing
+to communicate), ``samples`` where none were counted. The meta keys after ``version``
+arrive once the model is wrapped or the first step is logged; any may be missing in a
+log written by an older scalerun.
+
+Who recorded the steps (``loop``): ``wrap`` when ``scalerun.wrap(model, optimizer)`` owns
+the optimizer and times every phase; ``wrap-model`` when ``scalerun.wrap(model)`` is
+called with the user's own optimizer; ``hooks`` when scalerun sees the loop only through
+torch's global optimizer and module hooks (plain DDP, Accelerate, Lightning, the HF
+Trainer). ``not_measured`` names each step key the loop leaves ``null`` and why, e.g.
+``{"data_s": "loop not owned by scalerun"}``; a log without it (older) measured all.
 
 Definitions the job report and the scaling study share (:func:`rank_span`,
 :func:`step_parts`):
@@ -76,6 +86,13 @@ STRATEGY = "strategy"
 PARAMS = "params"
 GRAD_BYTES = "grad_bytes"
 ACCUMULATION = "accumulation"
+LOOP = "loop"
+"""Who recorded the steps: :data:`LOOP_WRAP`, :data:`LOOP_WRAP_MODEL` or :data:`LOOP_HOOKS`."""
+LOOP_WRAP = "wrap"
+LOOP_WRAP_MODEL = "wrap-model"
+LOOP_HOOKS = "hooks"
+NOT_MEASURED = "not_measured"
+"""``{step key: why}`` for the parts of a step this loop cannot measure."""
 
 # -- a step line ------------------------------------------------------------------------
 STEP = "step"
@@ -148,6 +165,15 @@ def step_parts(records: Sequence[Record]) -> dict[str, float | None]:
             "data_s": mean([json_number(r.get(DATA_S)) or 0.0 for r in records]),
             "compute_s": mean(computes), "comm_s": mean(comms) if comms else None,
             "other_s": mean(others)}
+
+
+def not_measured(meta: Mapping[str, Any]) -> dict[str, str]:
+    """``{step key: why}`` for the parts of a step a rank's loop could not measure (``{}``
+    for a log that measured everything, or one written before the key existed)."""
+    found = meta.get(NOT_MEASURED)
+    if not isinstance(found, dict):
+        return {}
+    return {str(key): str(why) for key, why in found.items()}
 
 
 def seconds_of(record: Record, keys: Sequence[str]) -> float:

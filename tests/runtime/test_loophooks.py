@@ -1,0 +1,130 @@
+"""torch's hooks count the steps of loops scalerun does not own: one record per step of
+the optimizer that paces the loop, however optimizers nest or call closures, and never
+a traceback in the user's script. Real interpreters started as ``scalerun exec`` starts
+a rank that never imports scalerun (the boot folder first on ``PYTHONPATH``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from scalerun.plan import variables
+from scalerun.rundir import step_log_path
+from scalerun.runtime import steplog_reader as keys
+from scalerun.runtime.autoarm import BOOT_DIR
+
+MODEL = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+"""
+
+NESTED = MODEL + """
+class Outer(torch.optim.Optimizer):
+    '''Steps an inner optimizer inside its own step, as ZeroRedundancyOptimizer does.'''
+    def __init__(self, params):
+        params = list(params)
+        super().__init__(params, {})
+        self.inner = torch.optim.SGD(params, lr=0.01)
+    def step(self, closure=None):
+        return self.inner.step(closure)
+
+outer = Outer(model.parameters())
+critic = torch.nn.Linear(1, 1)
+critic_optimizer = torch.optim.SGD(critic.parameters(), lr=0.01)  # a second loss, as in a GAN
+for _ in range(6):
+    outer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    outer.step()
+    critic_optimizer.zero_grad()
+    critic(torch.randn(3, 1)).sum().backward()
+    critic_optimizer.step()
+print("done")
+"""
+
+CLOSURE = MODEL + """
+optimizer = torch.optim.LBFGS(model.parameters(), max_iter=2)
+def closure():
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+for _ in range(4):
+    optimizer.step(closure)
+print("done")
+"""
+
+PLAIN = MODEL + """
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(3):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+print("done")
+"""
+
+
+def run_script(code: str, run_dir: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({variables.RUN_DIR: str(run_dir), "PYTHONPATH": str(BOOT_DIR),
+                "OMP_NUM_THREADS": "1", **extra})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def step_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in step_log_path(run_dir, 0).read_text().splitlines()]
+    return [line for line in lines if line[keys.KIND] == keys.STEP_KIND]
+
+
+def test_nested_and_second_optimizers_count_one_step(tmp_path: Path) -> None:
+    run_script(NESTED, tmp_path)
+    steps = step_lines(tmp_path)
+    assert [s[keys.STEP] for s in steps] == [1, 2, 3, 4, 5, 6]
+    # the model's batch counts samples, the critic's (a later top-level module) does not
+    assert [s[keys.SAMPLES] for s in steps] == [8] * 6
+
+
+def test_a_closure_step_is_one_step_with_its_forward_and_backward(tmp_path: Path) -> None:
+    run_script(CLOSURE, tmp_path)
+    steps = step_lines(tmp_path)
+    assert [s[keys.STEP] for s in steps] == [1, 2, 3, 4]
+    assert all(s[keys.FWD_S] > 0 and s[keys.BWD_S] > 0 and s[keys.OPT_S] > 0 for s in steps)
+    assert all(s[keys.SAMPLES] >= 8 and s[keys.SAMPLES] % 8 == 0 for s in steps)  # LBFGS evaluates 1-3 times
+
+
+def test_one_process_without_a_launcher_is_rank_0_of_1(tmp_path: Path) -> None:
+    run_script(PLAIN, tmp_path)
+    meta = json.loads(step_log_path(tmp_path, 0).read_text().splitlines()[0])
+    assert (meta[keys.RANK], meta[keys.WORLD_SIZE], meta[keys.DEVICE], meta[keys.LOOP]) == (
+        0, 1, "cpu", keys.LOOP_HOOKS)
+    assert [s[keys.STEP] for s in step_lines(tmp_path)] == [1, 2, 3]
+
+
+def test_an_unwritable_run_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    done = run_script(PLAIN, blocker / "run")
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scalerun: the step log ") and "cannot be written" in lines[0]
+
+
+def test_unreadable_launcher_variables_leave_the_script_alone(tmp_path: Path) -> None:
+    """A rank whose placement cannot be read gets no log (no guessed rank), and runs on."""
+    run_script(PLAIN, tmp_path, RANK="one", WORLD_SIZE="2", LOCAL_RANK="0")
+    assert not step_log_path(tmp_path, 0).exists()
+
+
+def test_a_restarted_rank_numbers_on(tmp_path: Path) -> None:
+    """A second attempt appends to its log: its steps follow the first attempt's."""
+    run_script(PLAIN, tmp_path)
+    run_script(PLAIN, tmp_path)
+    assert [s[keys.STEP] for s in step_lines(tmp_path)] == [1, 2, 3, 4, 5, 6]
