@@ -43,10 +43,12 @@ extras: $(VENV)/.extras
 demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
-# The tests run in parallel (pytest-xdist), one worker per CPU by default; a group of tests
-# that share a cluster or a module's fixture runs on one worker (tests/conftest.py).
-# TEST_WORKERS=0 runs them in this process, one after the other.
-TEST_WORKERS ?= auto
+# TEST_WORKERS=auto (or N) runs the tests in parallel (pytest-xdist); a group of tests that
+# share a cluster or a module's fixture runs on one worker (tests/conftest.py). The default
+# is 0, one after the other in this process: under xdist tests/monitorview/test_live.py's
+# view never shows its GPU table, and two-rank gloo launches started at once have failed
+# in connectFullMesh on this 2-core machine; parallel is opt-in until both are understood.
+TEST_WORKERS ?= 0
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts

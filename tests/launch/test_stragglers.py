@@ -71,7 +71,10 @@ def launcher_lines(stderr: str) -> list[str]:
 
 
 def test_a_slowed_rank_is_named_live_with_its_cause_then_recovers(tmp_path: Path) -> None:
-    done, run = launch(tmp_path, 2, 260, slow=(1, 30, 150))
+    # 120 slow batches of 0.1 s: the slow stretch outlasts the ranks' 5 s flush of their
+    # step logs and the watch's poll, so the rank is named while the job still runs even
+    # where the machine is quiet and the rest of the run takes a second
+    done, run = launch(tmp_path, 2, 260, slow=(1, 30, 150), pause=0.1)
     events = read_events(run)
     assert [(e.kind, e.rank, e.node) for e in events] == [
         ("straggler", 1, socket.gethostname()), ("recovered", 1, socket.gethostname())]

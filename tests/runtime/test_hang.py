@@ -371,7 +371,7 @@ def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
     assert f"{run / 'stacks'}/ (start with rank-1.txt)" in second
     verdicts = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
     assert len(verdicts) == 1 and "no problem found" not in done.stderr  # the hang is the verdict
-    assert verdicts[0].startswith("scalerun launch: verdict: hang: no progress for 20 s")
+    assert verdicts[0].startswith("scalerun launch: verdict: hang: no progress for 10 s")
     assert header(run / "stacks" / "rank-1.txt")["step"] == 3
     print(f"hang test: {elapsed:.1f} s end to end")
 
