@@ -10,7 +10,7 @@ while a checkpoint needs all of them, between two steps, at the same step.
 This module decides:
 
 - which signals ask for a stop: SIGUSR1 always (so that the warning never kills a rank or
-  the data-loader workers it forks later), SIGTERM only where a checkpoint folder is known
+  the data-loader workers it forks later), SIGTERM only once a checkpoint folder is known
   (a rank that cannot save keeps dying on SIGTERM, as it always did);
 - when: at the end of an optimizer step (:meth:`scalerun.runtime.wrap.Wrapped.step`),
   once every rank knows that one of them was signalled. Each step end starts a tiny
@@ -21,7 +21,9 @@ This module decides:
   optimizer, scheduler, gradient scaler, step counters, RNG states) and the training
   loader last given to :func:`scalerun.checkpoint.load` or ``save`` (its position), with
   :func:`scalerun.checkpoint.save`, atomically, into ``SCALERUN_CHECKPOINT``
-  (``scalerun launch --checkpoint DIR``);
+  (``scalerun launch --checkpoint DIR``) or, where the launcher named none, into the folder
+  the script itself last gave to :func:`scalerun.checkpoint.load` or ``save``
+  (:func:`script_folder`: a script with its own ``--checkpoint DIR`` flag is saved too);
 - how the rank ends: rank 0 prints where the checkpoint is and writes it to
   ``RUN_DIR/stopped-on-signal`` (the job script requeues the job when it finds that
   file), then every rank leaves the process group and exits with
@@ -66,7 +68,9 @@ class _Stop:
     signal_number: int = 0
     armed: tuple[str, ...] = ()
     folder: Path | None = None
-    """Where to save (``SCALERUN_CHECKPOINT`` when armed); None: nowhere."""
+    """The launcher's folder (``SCALERUN_CHECKPOINT`` when armed); None: none named."""
+    script_folder: Path | None = None
+    """The folder the script last loaded from or saved to (:func:`script_folder`)."""
     pending: tuple[Any, Any] | None = None
     """(work, tensor) of the all-reduce started at the last step end."""
     group: Any = None
@@ -99,6 +103,18 @@ def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return _stop.armed
 
 
+def script_folder(path: Path) -> None:
+    """The script loads from or saves to ``path`` (:func:`scalerun.checkpoint.load` and
+    ``save`` say so): a warned rank saves there when the launcher named no folder, and, now
+    that it can save, a SIGTERM stops it as the warning does."""
+    _stop.script_folder = path
+    if (not _stop.armed or _stop.folder is not None or "SIGTERM" in _stop.armed
+            or threading.current_thread() is not threading.main_thread()):
+        return
+    _stop.before.setdefault(signal.SIGTERM, signal.signal(signal.SIGTERM, _remember))
+    _stop.armed += ("SIGTERM",)
+
+
 def _remember(number: int, frame: Any) -> None:
     """Only note it: the step in progress finishes first, and all ranks stop together."""
     _stop.signal_number = _stop.signal_number or number
@@ -110,7 +126,7 @@ def at_step_end(wrapped: Wrapped) -> None:
     was signalled."""
     if not _stop.armed:
         return
-    folder = _stop.folder
+    folder = _stop.folder or _stop.script_folder
     if folder is None:
         _tell_unsaved(wrapped.strategy.ctx)
         return
@@ -130,7 +146,8 @@ def _tell_unsaved(ctx: Context) -> None:
         _stop.told = True
         if ctx.rank == 0:
             print(f"scalerun: {_name(_stop.signal_number)}: the job ends soon, but no checkpoint "
-                  "folder was given (scalerun launch --checkpoint DIR); training goes on unsaved",
+                  "folder was given (scalerun launch --checkpoint DIR, or the script's own "
+                  "scalerun.checkpoint.load/save(DIR)); training goes on unsaved",
                   file=sys.stderr, flush=True)
 
 
@@ -210,6 +227,7 @@ def forget() -> None:
     pending, _stop.pending = _stop.pending, None
     _stop.group = None
     _stop.folder_checked = False
+    _stop.script_folder = None
     if pending is not None:
         with contextlib.suppress(RuntimeError):
             pending[0].wait()
