@@ -52,7 +52,6 @@ from torch.utils.data import DataLoader
 
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
-from scalerun.runtime import preempt
 from scalerun.runtime.context import Context, barrier, context
 from scalerun.runtime.continuation import Continuation, changed_size, judge, record
 from scalerun.runtime.strategies.base import Strategy
@@ -111,6 +110,21 @@ def watch_loader(loader: DataLoader | None) -> None:
 
 def watched_loader() -> DataLoader | None:
     return _watched() if _watched is not None else None
+
+
+_script_folder: Path | None = None
+
+
+def _note_script_folder(root: Path) -> None:
+    global _script_folder
+    _script_folder = root
+
+
+def script_folder() -> Path | None:
+    """The folder the script last gave to :func:`load` or :func:`save`: where a warned rank
+    saves when the launcher named none (:mod:`.preempt` asks), so that a script with its own
+    ``--checkpoint DIR`` flag is saved too."""
+    return _script_folder
 
 
 def step_name(step: int) -> str:
@@ -185,7 +199,7 @@ def save(
     root = Path(path)
     refuse_foreign(root)
     watch_loader(loader)  # the position a save on a signal records (scalerun.runtime.preempt)
-    preempt.script_folder(root)  # and where it saves, unless the launcher named a folder
+    _note_script_folder(root)  # and where it saves, unless the launcher named a folder
     temporary = root / f"{TEMPORARY}{step_name(step)}"
     if ctx.rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -424,7 +438,7 @@ def load(
     ctx = context()
     state, wrapped = _strategy_of(ctx, model, optimizer)
     watch_loader(loader)
-    preempt.script_folder(Path(path))  # a warned rank saves here unless the launcher named one
+    _note_script_folder(Path(path))  # a warned rank saves here unless the launcher named one
     directory = _agreed_checkpoint(ctx, Path(path), state)
     _owned.add(_key(Path(path)))
     if directory is None:

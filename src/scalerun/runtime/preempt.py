@@ -23,7 +23,8 @@ This module decides:
   :func:`scalerun.checkpoint.save`, atomically, into ``SCALERUN_CHECKPOINT``
   (``scalerun launch --checkpoint DIR``) or, where the launcher named none, into the folder
   the script itself last gave to :func:`scalerun.checkpoint.load` or ``save``
-  (:func:`script_folder`: a script with its own ``--checkpoint DIR`` flag is saved too);
+  (:func:`scalerun.runtime.checkpoint.script_folder`: a script with its own
+  ``--checkpoint DIR`` flag is saved too);
 - how the rank ends: rank 0 prints where the checkpoint is and writes it to
   ``RUN_DIR/stopped-on-signal`` (the job script requeues the job when it finds that
   file), then every rank leaves the process group and exits with
@@ -69,8 +70,6 @@ class _Stop:
     armed: tuple[str, ...] = ()
     folder: Path | None = None
     """The launcher's folder (``SCALERUN_CHECKPOINT`` when armed); None: none named."""
-    script_folder: Path | None = None
-    """The folder the script last loaded from or saved to (:func:`script_folder`)."""
     pending: tuple[Any, Any] | None = None
     """(work, tensor) of the all-reduce started at the last step end."""
     group: Any = None
@@ -103,16 +102,18 @@ def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return _stop.armed
 
 
-def script_folder(path: Path) -> None:
-    """The script loads from or saves to ``path`` (:func:`scalerun.checkpoint.load` and
-    ``save`` say so): a warned rank saves there when the launcher named no folder, and, now
-    that it can save, a SIGTERM stops it as the warning does."""
-    _stop.script_folder = path
-    if (not _stop.armed or _stop.folder is not None or "SIGTERM" in _stop.armed
-            or threading.current_thread() is not threading.main_thread()):
-        return
-    _stop.before.setdefault(signal.SIGTERM, signal.signal(signal.SIGTERM, _remember))
-    _stop.armed += ("SIGTERM",)
+def _folder_of_script() -> Path | None:
+    """The folder the script loads from or saves to (``scalerun.checkpoint.load``/``save``),
+    where the launcher named none; once there is one, a SIGTERM stops the rank as the
+    warning does (it can save now)."""
+    from scalerun.runtime.checkpoint import script_folder
+
+    folder = script_folder()
+    if (folder is not None and "SIGTERM" not in _stop.armed
+            and threading.current_thread() is threading.main_thread()):
+        _stop.before.setdefault(signal.SIGTERM, signal.signal(signal.SIGTERM, _remember))
+        _stop.armed += ("SIGTERM",)
+    return folder
 
 
 def _remember(number: int, frame: Any) -> None:
@@ -126,7 +127,7 @@ def at_step_end(wrapped: Wrapped) -> None:
     was signalled."""
     if not _stop.armed:
         return
-    folder = _stop.folder or _stop.script_folder
+    folder = _stop.folder or _folder_of_script()
     if folder is None:
         _tell_unsaved(wrapped.strategy.ctx)
         return
@@ -227,7 +228,6 @@ def forget() -> None:
     pending, _stop.pending = _stop.pending, None
     _stop.group = None
     _stop.folder_checked = False
-    _stop.script_folder = None
     if pending is not None:
         with contextlib.suppress(RuntimeError):
             pending[0].wait()
