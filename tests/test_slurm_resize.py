@@ -38,8 +38,11 @@ def vit_data(tmp_path_factory) -> Path:
 def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str) -> str:
     """The example with its own checkpoint folder under ``run_dir``; returns the job id."""
     done = subprocess.run(
+        # --cpu-bind none: the masks planned on the first node need not hold on the other,
+        # where another session's job may hold the CPU they name (SLURM places the task)
         [sys.executable, "-m", "scalerun", "launch", "--nodes", nodes, "--gpus-per-node", "1",
-         "--cpus-per-task", "1", "--no-check", "--run-dir", str(run_dir), *flags,
+         "--cpus-per-task", "1", "--cpu-bind", "none", "--no-check", "--run-dir", str(run_dir),
+         *flags,
          "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS),
          "--global-batch-size", "16", "--num-workers", "0", "--data", str(data), "--no-generate",
          "--checkpoint", str(run_dir / "own"), "--out", str(run_dir / "model.pt")],
@@ -47,6 +50,15 @@ def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return re.search(r"submitted job (\d+)", done.stdout).group(1)
+
+
+def all_idle(cluster) -> bool:
+    """Every node idle and nothing else waiting for them."""
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=cluster.env, capture_output=True,
+                            text=True, timeout=30).stdout.split()
+    pending = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%i %r"], env=cluster.env,
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()
+    return bool(states) and set(states) == {"idle"} and all("JobHeld" in p for p in pending)
 
 
 def scontrol(cluster, *words: str) -> None:
@@ -64,7 +76,11 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     reference = LAST_EPOCH.search(log_of(straight_dir, straight)).group(0)
 
     run_dir = tmp_path_factory.mktemp("resized")
-    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue")
+    # held until both nodes are free (other sessions share the cluster): a range starts on
+    # what is free, and this test needs the job to start on both
+    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue", "--sbatch-arg=--hold")
+    wait_until(lambda: all_idle(slurm_cluster), "both nodes idle")
+    scontrol(slurm_cluster, "release", job_id)
     script = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --nodes=1-2\n" in script and '--nodes="${SLURM_JOB_NUM_NODES}"' in script
 
