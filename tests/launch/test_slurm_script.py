@@ -418,6 +418,9 @@ def test_a_node_range_takes_the_count_the_job_got_when_it_runs(mode, tmp_path):
     assert (job.resources.nodes, job.resources.max_nodes, job.resources.varies) == (1, 2, True)
     script = render_sbatch(job)
     assert "#SBATCH --nodes=1-2\n" in script
+    # with --ntasks-per-node, sbatch would fix the tasks at 1 node's worth: SLURM would never
+    # give the second node; the CPUs per node are asked instead, srun spells the tasks
+    assert "#SBATCH --ntasks-per-node" not in script and "#SBATCH --mincpus=" in script
     assert "--nodes=1 " not in script and "--nodes=2 " not in script and "--nnodes=1" not in script
     assert "on 1-2 node(s)" in script
     words = " ".join(shell_quote(word) for word in srun_command(job))

@@ -159,7 +159,7 @@ class Resources:
             ("account", self.account),
             ("time", self.time),
             ("nodes", self.node_count),
-            ("ntasks-per-node", self.ntasks_per_node),
+            *self._tasks_per_node(),
             ("cpus-per-task", self.cpus_per_task),
             ("hint", self.hint),
             ("gpus-per-node", self.gpus_per_node or None),
@@ -174,6 +174,15 @@ class Resources:
             if value is not None
         ]
         return lines + (["#SBATCH --exclusive"] if self.exclusive else [])
+
+    def _tasks_per_node(self) -> list[tuple[str, object]]:
+        """``--ntasks-per-node``; for a node range, the CPUs of those tasks (``--mincpus``)
+        instead: with ``--ntasks-per-node`` sbatch fixes the job's tasks at the fewest nodes
+        times it, and SLURM then never gives more nodes than the fewest. The srun steps
+        spell out their tasks per node themselves."""
+        if self.varies:
+            return [("mincpus", self.ntasks_per_node * (self.cpus_per_task or 1))]
+        return [("ntasks-per-node", self.ntasks_per_node)]
 
     @property
     def varies(self) -> bool:
