@@ -37,6 +37,12 @@ HDF5 in one read each, cross to the device as stored (uint8), and are normalised
 
 ``--batch-size`` is per rank, as in the course: N ranks train with a global batch of
 N x 32 (weak scaling), so the learning rate may need tuning at large N.
+``--global-batch-size`` instead fixes the batch over all ranks (each rank gets its share):
+the same command then resumes a checkpoint at another world size as an exact
+continuation, e.g. a job requeued on fewer nodes (docs/reliability.md):
+
+    scalerun launch --nproc-per-node 2 examples/vit/train.py --global-batch-size 64 --checkpoint runs/vit/ckpt
+    scalerun launch --nproc-per-node 4 examples/vit/train.py --global-batch-size 64 --checkpoint runs/vit/ckpt
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ import scalerun
 from scalerun import checkpoint
 from scalerun.errors import ScalerunError
 from scalerun.runtime.context import Context
+from scalerun.runtime.data import per_rank_batch
 from scalerun.runtime.wrap import STRATEGIES, Wrapped
 
 # Loader workers per rank on a GPU: one worker reads and batches 14,000-38,000 uint8
@@ -88,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", choices=["tiny", "b16"], default="tiny", help="tiny for CPU; b16 is ViT-B/16")
     add("--epochs", type=positive, default=3, help="passes over the training set (default 3)")
     add("--max-steps", type=int, default=0, help="stop after this many steps (default 0: no limit)")
-    add("--batch-size", type=positive, default=32, help="images per step and rank (default 32)")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size", type=positive, default=32,
+                       help="images per step and rank (default 32)")
+    batch.add_argument("--global-batch-size", type=positive,
+                       help="images per step over all ranks, shared equally (instead of "
+                            "--batch-size): the same command resumes at another world size")
     add("--lr", type=float, default=1e-3, help="Adam learning rate (default: the course's 1e-3)")
     add("--seed", type=int, default=0, help="seeds data file, split, weights, shuffle (default 0)")
     add("--num-workers", type=int, default=None,
@@ -132,6 +144,14 @@ def loader_workers(requested: int | None, ctx: Context, dataset: Dataset) -> int
     # scalerun's default: this rank's CPUs, one kept for the rank itself (no process starts).
     spare = scalerun.loader(dataset, batch_size=1).num_workers
     return min(GPU_WORKERS, spare) if ctx.device.type == "cuda" else spare
+
+
+def batch_per_rank(args: argparse.Namespace, ctx: Context) -> int:
+    """--batch-size, or this rank's share of --global-batch-size (a one-line error on
+    every rank alike when the ranks cannot share it equally: before anything is loaded)."""
+    if args.global_batch_size is None:
+        return args.batch_size
+    return per_rank_batch(args.global_batch_size, ctx.world_size)
 
 
 def make_loaders(
@@ -232,7 +252,7 @@ def describe_run(
         f"({ctx.local_world_size} per node) on {ctx.device}, backend {ctx.backend}, "
         f"{threads} thread(s) per rank; data {data.path} ({data.dtype}): "
         f"{len(loader.dataset)} train images, {classes} classes (chance {100 / classes:.1f}%); "
-        f"batch {args.batch_size} per rank, {args.batch_size * ctx.world_size} in all; "
+        f"batch {loader.batch_size} per rank, {loader.batch_size * ctx.world_size} in all; "
         f"{loader.num_workers} loader worker(s) per rank"
     )
 
@@ -252,8 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts them anyway)
 
     try:
+        args.batch_size = batch_per_rank(args, ctx)
         dataset = open_dataset(args, ctx)
-    except DataFileError as error:
+    except (DataFileError, ScalerunError) as error:
         if ctx.local_rank == 0:  # one line per node, not one per rank
             print(f"train.py: error: {error}", file=sys.stderr, flush=True)
         scalerun.shutdown()

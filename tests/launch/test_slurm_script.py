@@ -430,6 +430,43 @@ def test_jobscript_writes_the_same_text(capsys, tmp_path):
     assert written.split("\n", 3)[3] == shown.split("\n", 3)[3]
 
 
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_a_node_range_takes_the_count_the_job_got_when_it_runs(mode, tmp_path):
+    """``--nodes 1-2``: sbatch gets the range; every srun step and torchrun's rendezvous
+    read SLURM_JOB_NUM_NODES at run time (a requeued job may come back on another count)."""
+    args = parse_launch("--nodes", "1-2", "--mode", mode, "--requeue")
+    job = job_from_args(args, {}, tmp_path)
+    assert (job.resources.nodes, job.resources.max_nodes, job.resources.varies) == (1, 2, True)
+    script = render_sbatch(job)
+    assert "#SBATCH --nodes=1-2\n" in script
+    # with --ntasks-per-node, sbatch would fix the tasks at 1 node's worth: SLURM would never
+    # give the second node; the CPUs per node are asked instead, srun spells the tasks
+    assert "#SBATCH --ntasks-per-node" not in script and "#SBATCH --mincpus=" in script
+    assert "--nodes=1 " not in script and "--nodes=2 " not in script and "--nnodes=1" not in script
+    assert "on 1-2 node(s)" in script
+    words = " ".join(shell_quote(word) for word in srun_command(job))
+    for got in ("1", "2"):  # the words as bash expands them in a job of that many nodes
+        expanded = bash(f"printf '%s\\n' {words}", env={**os.environ, "SLURM_JOB_NUM_NODES": got})
+        lines = expanded.splitlines()
+        assert f"--nodes={got}" in lines
+        assert (f"--nnodes={got}" in lines) == (mode == "torchrun")
+    fixed = job_from_args(parse_launch("--nodes", "2", "--mode", mode), {}, tmp_path)
+    assert "#SBATCH --nodes=2\n" in render_sbatch(fixed) and "SLURM_JOB_NUM_NODES" not in render_sbatch(fixed)
+    same = job_from_args(parse_launch("--nodes", "2-2", "--mode", mode), {}, tmp_path)
+    assert render_sbatch(same) == render_sbatch(fixed).replace("--nodes 2 ", "--nodes 2-2 ")
+
+
+def test_a_node_range_that_is_not_one_is_refused(capsys):
+    probe = str(REPO / "tests/fixtures/slurm/probe.py")
+    assert main(["launch", "--nodes", "2-1", "--dry-run", probe]) == 2
+    err = capsys.readouterr().err
+    assert "--nodes 2-1: the most nodes must be at least the fewest; write 1-2" in err
+    assert err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        parse_launch("--nodes", "one-two")
+    assert "'one-two' is not a node count or a MIN-MAX range" in capsys.readouterr().err
+
+
 USER_ERRORS = [
     (
         ["launch", "--nodes", "2", "--time", "forever", "--dry-run"],

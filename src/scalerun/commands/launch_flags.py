@@ -100,7 +100,9 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     """The SLURM flags (``launch``'s, ``jobscript``'s and ``doctor``'s), and the binding,
     time-limit, hang and container flags that go with them."""
     job = parser.add_argument_group("SLURM (any of these makes it a SLURM launch)")
-    job.add_argument("--nodes", type=int, help="nodes to run on")
+    job.add_argument("--nodes", type=node_range, metavar="N|MIN-MAX",
+                     help="nodes to run on; MIN-MAX (sbatch's range): the job runs on the nodes "
+                          "SLURM has, and with --requeue may come back on another count")
     job.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the site's)")
     add_site_argument(job)
     job.add_argument("--partition", help="SLURM partition (default: the site's)")
@@ -282,7 +284,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         observe=observe_from_args(args, program, on_slurm or wants_slurm(args)) if observe else None,
         site=site_name(getattr(args, "site", None), env),
         mode=getattr(args, "mode", None),
-        nodes=getattr(args, "nodes", None),
+        nodes=(getattr(args, "nodes", None) or (None, None))[0],
         nproc_per_node=nproc_count(getattr(args, "nproc_per_node", None)),
         gpus_per_node=getattr(args, "gpus_per_node", None),
         backend=getattr(args, "backend", None),
@@ -438,7 +440,19 @@ def slurm_options_from_args(args: argparse.Namespace) -> SlurmOptions:
         setup=tuple(args.setup or ()), cpu_bind=args.cpu_bind,
         signal_before=getattr(args, "signal_before", None),
         no_signal=bool(getattr(args, "no_signal", None)), requeue=getattr(args, "requeue", None),
+        max_nodes=(getattr(args, "nodes", None) or (None, None))[1],
         wait=bool(getattr(args, "wait", None)))
+
+
+def node_range(text: str) -> tuple[int, int | None]:
+    """``--nodes N`` or sbatch's ``--nodes MIN-MAX``: (fewest, most or None). Counts below 1
+    pass here and are refused with the request's own message."""
+    fewest, dash, most = text.partition("-")
+    try:
+        return int(fewest), (int(most) if dash else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a node count or a MIN-MAX range, e.g. 2 or 1-2") from None
 
 
 def _absolute(folder: str | None) -> str | None:

@@ -185,6 +185,10 @@ class SlurmOptions:
     signal_before: int | None = None
     no_signal: bool = False
     requeue: bool | None = None
+    max_nodes: int | None = None
+    """The most nodes of ``--nodes MIN-MAX`` (sbatch's range, the fewest being the request's
+    ``nodes``): SLURM starts the job on what it has, and a requeued job may come back on
+    another count; the job script takes the count it got at run time. None: exactly ``nodes``."""
     wait: bool = False
     """Follow the submitted job to its end and return its exit code."""
 

@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.runtime.context import Context, barrier, context
+from scalerun.runtime.continuation import Continuation, changed_size, judge, record
 from scalerun.runtime.strategies.base import Strategy
 from scalerun.runtime.strategies.replicated import PlainModel
 from scalerun.version import __version__
@@ -83,6 +84,9 @@ class Resumed:
     """What was passed to :func:`save` as ``extra``."""
     path: Path
     saved_world_size: int
+    continuation: Continuation | None = None
+    """With a loader at another world or batch size: whether the run continues exactly
+    (same global batch, same sample order) and, if not, what differs."""
 
 
 # -- where checkpoints are -----------------------------------------------------------
@@ -106,6 +110,21 @@ def watch_loader(loader: DataLoader | None) -> None:
 
 def watched_loader() -> DataLoader | None:
     return _watched() if _watched is not None else None
+
+
+_script_folder: Path | None = None
+
+
+def _note_script_folder(root: Path) -> None:
+    global _script_folder
+    _script_folder = root
+
+
+def script_folder() -> Path | None:
+    """The folder the script last gave to :func:`load` or :func:`save`: where a warned rank
+    saves when the launcher named none (:mod:`.preempt` asks), so that a script with its own
+    ``--checkpoint DIR`` flag is saved too."""
+    return _script_folder
 
 
 def step_name(step: int) -> str:
@@ -174,11 +193,13 @@ def save(
     if keep_last is not None and keep_last < 1:
         raise ScalerunError(f"keep_last={keep_last} must be at least 1 (or None to keep all)")
     step = _step_of(step, wrapped)
-    meta = _meta(ctx, state, step, _position_of(loader, position, wrapped), loader)
+    meta = _meta(ctx, state, step, _position_of(loader, position, wrapped), loader,
+                 wrapped.accumulation if wrapped is not None else 1)
     rank_state = _rank_state(loader)  # before any I/O, so nothing can move the RNGs first
     root = Path(path)
     refuse_foreign(root)
     watch_loader(loader)  # the position a save on a signal records (scalerun.runtime.preempt)
+    _note_script_folder(root)  # and where it saves, unless the launcher named a folder
     temporary = root / f"{TEMPORARY}{step_name(step)}"
     if ctx.rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -278,7 +299,8 @@ def _position_of(
 
 
 def _meta(
-    ctx: Context, state: Strategy, step: int, position: tuple[int, int] | None, loader: DataLoader | None
+    ctx: Context, state: Strategy, step: int, position: tuple[int, int] | None,
+    loader: DataLoader | None, accumulation: int,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "format": FORMAT_VERSION,
@@ -292,7 +314,8 @@ def _meta(
         **state.checkpoint_meta(),
     }
     if position is not None and loader is not None:
-        meta["loader"] = {"epoch": position[0], "batch": position[1], "batch_size": loader.batch_size}
+        meta["loader"] = {"epoch": position[0], "batch": position[1],
+                          **record(loader, ctx.world_size, accumulation)}
     return meta
 
 
@@ -415,6 +438,7 @@ def load(
     ctx = context()
     state, wrapped = _strategy_of(ctx, model, optimizer)
     watch_loader(loader)
+    _note_script_folder(Path(path))  # a warned rank saves here unless the launcher named one
     directory = _agreed_checkpoint(ctx, Path(path), state)
     _owned.add(_key(Path(path)))
     if directory is None:
@@ -423,7 +447,8 @@ def load(
     _load_strategy_state(state, directory, meta)
     loop = torch.load(directory / LOOP, map_location="cpu", weights_only=False)
     _restore_loop(loop, state, wrapped)
-    epoch, batch = _restore_loader(loader, meta, ctx) if loader is not None else (0, 0)
+    epoch, batch = (restore_position(loader, meta, ctx.world_size, warn=ctx.rank == 0)
+                    if loader is not None else (0, 0))
     if wrapped is not None and loader is not None:
         wrapped.micro_steps = epoch * len(loader) + batch
     _restore_rank_state(directory / f"rank-{ctx.rank:05d}.pt", loader)
@@ -431,19 +456,35 @@ def load(
     resumed = Resumed(
         step=int(meta["step"]), epoch=epoch, batch=batch, extra=loop.get("extra"),
         path=directory, saved_world_size=int(meta["world_size"]),
+        continuation=_continuation(meta, loader, ctx, wrapped),
     )
     _report(ctx, resumed)
     return resumed
 
 
+def _continuation(
+    meta: dict[str, Any], loader: DataLoader | None, ctx: Context, wrapped: Wrapped | None
+) -> Continuation | None:
+    """The verdict on a resume at another world or batch size; None at the same sizes."""
+    saved, world = meta.get("loader"), int(meta["world_size"])
+    if loader is None or saved is None or not changed_size(saved, world, loader, ctx.world_size):
+        return None
+    accumulation = wrapped.accumulation if wrapped is not None else 1
+    return judge(saved, world, loader, ctx.world_size, accumulation)
+
+
 def _report(ctx: Context, resumed: Resumed) -> None:
-    """The line that says where the run continues (rank 0): "resumed from step N"."""
+    """The line that says where the run continues (rank 0): "resumed from step N", and at
+    another world size whether that is an exact continuation."""
     if ctx.rank != 0:
         return
     where = f"epoch {resumed.epoch}, batch {resumed.batch}"
     if resumed.saved_world_size != ctx.world_size:
-        where += (f"; saved by {resumed.saved_world_size} rank(s), this run has {ctx.world_size}: "
-                  "not an exact continuation")
+        where += f"; saved by {resumed.saved_world_size} rank(s), this run has {ctx.world_size}"
+    if resumed.continuation is not None:
+        where += f": {resumed.continuation.describe()}"
+    elif resumed.saved_world_size != ctx.world_size:  # no loader given: nothing to judge by
+        where += ": the data order is not known (load(..., loader=) judges it)"
     print(f"scalerun: resumed from step {resumed.step} ({resumed.path}; {where})", flush=True)
 
 
@@ -601,15 +642,19 @@ def _restore_rank_state(path: Path, loader: DataLoader | None) -> None:
 
 
 # -- the loader's position ---------------------------------------------------------------
-def _restore_loader(loader: DataLoader, meta: dict[str, Any], ctx: Context) -> tuple[int, int]:
-    """Set the sampler's epoch and skip the batches done; returns (epoch, batch)."""
+def restore_position(
+    loader: DataLoader, meta: dict[str, Any], world_size: int, *, warn: bool = False
+) -> tuple[int, int]:
+    """Set the sampler's epoch and skip the batches done, for a run of ``world_size``
+    ranks (any, with the same global batch: the skipped samples are the ones done);
+    returns (epoch, batch). ``warn``: say when samples will be seen again."""
     saved = meta.get("loader")
     if saved is None:
         raise ScalerunError(
             f"load(loader=...) but the checkpoint in {meta.get('step')} was saved without a "
             "loader; pass loader= to save() too"
         )
-    epoch, batch = int(saved["epoch"]), _batches_now(saved, meta, loader, ctx)
+    epoch, batch = int(saved["epoch"]), _batches_now(saved, meta, loader, world_size, warn)
     sampler = loader.sampler
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
@@ -618,12 +663,14 @@ def _restore_loader(loader: DataLoader, meta: dict[str, Any], ctx: Context) -> t
     return epoch, batch
 
 
-def _batches_now(saved: dict[str, Any], meta: dict[str, Any], loader: DataLoader, ctx: Context) -> int:
+def _batches_now(
+    saved: dict[str, Any], meta: dict[str, Any], loader: DataLoader, world_size: int, warn: bool
+) -> int:
     """Batches to skip in this run: the same samples, for another world or batch size."""
     done = int(saved["batch"]) * int(saved["batch_size"]) * int(meta["world_size"])
-    per_batch = int(loader.batch_size or 1) * ctx.world_size
+    per_batch = int(loader.batch_size or 1) * world_size
     batches, rest = divmod(done, per_batch)
-    if rest and ctx.rank == 0:
+    if rest and warn:
         warnings.warn(
             f"the checkpoint had {done} samples of epoch {saved['epoch']} done, not a multiple of "
             f"{per_batch} (batch x ranks now); {rest} of them will be seen again", stacklevel=3,

@@ -95,10 +95,31 @@ def default_workers() -> int:
     return max(0, min(MAX_DEFAULT_WORKERS, (cpus or 1) - 1))
 
 
+def per_rank_batch(global_batch_size: int, world_size: int) -> int:
+    """The batch of each rank that makes ``global_batch_size`` over ``world_size`` ranks.
+
+    Why: a run started with the same global batch at another world size (a job requeued on
+    fewer nodes) continues exactly; a global batch the ranks cannot share equally is refused
+    here, on every rank alike, before anything is loaded.
+    """
+    if global_batch_size < 1:
+        raise ScalerunError(f"global batch size {global_batch_size} must be at least 1")
+    per_rank, rest = divmod(global_batch_size, world_size)
+    if rest or not per_rank:
+        fits = [w for w in range(1, min(global_batch_size, 64) + 1) if global_batch_size % w == 0]
+        raise ScalerunError(
+            f"global batch size {global_batch_size} does not divide by {world_size} rank(s): run "
+            f"on {', '.join(map(str, fits[-8:]))} rank(s), or give a global batch size that is a "
+            f"multiple of {world_size}"
+        )
+    return per_rank
+
+
 def loader(
     dataset: Dataset,
-    batch_size: int,
+    batch_size: int | None = None,
     *,
+    global_batch_size: int | None = None,
     train: bool = True,
     shuffle: bool | None = None,
     seed: int = 0,
@@ -111,14 +132,22 @@ def loader(
     train=True: a distributed sampler (shuffled unless ``shuffle=False``) that reshuffles
     every epoch by itself. train=False: each sample goes to exactly one rank, so
     ``reduce(correct, "sum") / reduce(count, "sum")`` is the exact single-process metric.
-    ``batch_size`` is per rank. Extra keyword arguments go to ``DataLoader``.
+    ``batch_size`` is per rank; ``global_batch_size`` instead is over all ranks (each rank
+    gets its share, and a checkpoint resumes exactly at another world size with the same
+    value). Extra keyword arguments go to ``DataLoader``.
     """
+    ctx = current()
+    world, rank = (ctx.world_size, ctx.rank) if ctx else (1, 0)
+    if (batch_size is None) == (global_batch_size is None):
+        raise ScalerunError("scalerun.loader needs one of batch_size= (per rank) and "
+                            "global_batch_size= (over all ranks)")
+    if global_batch_size is not None:
+        batch_size = per_rank_batch(global_batch_size, world)
+    assert batch_size is not None
     if batch_size < 1:
         raise ScalerunError(f"batch_size={batch_size} must be at least 1")
     if not isinstance(dataset, Sized):
         raise ScalerunError("scalerun.loader needs a dataset with a length (a map-style Dataset)")
-    ctx = current()
-    world, rank = (ctx.world_size, ctx.rank) if ctx else (1, 0)
     sampler: Sampler[int]
     if train:
         sampler = EpochSampler(

@@ -10,7 +10,7 @@ while a checkpoint needs all of them, between two steps, at the same step.
 This module decides:
 
 - which signals ask for a stop: SIGUSR1 always (so that the warning never kills a rank or
-  the data-loader workers it forks later), SIGTERM only where a checkpoint folder is known
+  the data-loader workers it forks later), SIGTERM only once a checkpoint folder is known
   (a rank that cannot save keeps dying on SIGTERM, as it always did);
 - when: at the end of an optimizer step (:meth:`scalerun.runtime.wrap.Wrapped.step`),
   once every rank knows that one of them was signalled. Each step end starts a tiny
@@ -21,7 +21,10 @@ This module decides:
   optimizer, scheduler, gradient scaler, step counters, RNG states) and the training
   loader last given to :func:`scalerun.checkpoint.load` or ``save`` (its position), with
   :func:`scalerun.checkpoint.save`, atomically, into ``SCALERUN_CHECKPOINT``
-  (``scalerun launch --checkpoint DIR``);
+  (``scalerun launch --checkpoint DIR``) or, where the launcher named none, into the folder
+  the script itself last gave to :func:`scalerun.checkpoint.load` or ``save``
+  (:func:`scalerun.runtime.checkpoint.script_folder`: a script with its own
+  ``--checkpoint DIR`` flag is saved too);
 - how the rank ends: rank 0 prints where the checkpoint is and writes it to
   ``RUN_DIR/stopped-on-signal`` (the job script requeues the job when it finds that
   file), then every rank leaves the process group and exits with
@@ -66,7 +69,7 @@ class _Stop:
     signal_number: int = 0
     armed: tuple[str, ...] = ()
     folder: Path | None = None
-    """Where to save (``SCALERUN_CHECKPOINT`` when armed); None: nowhere."""
+    """The launcher's folder (``SCALERUN_CHECKPOINT`` when armed); None: none named."""
     pending: tuple[Any, Any] | None = None
     """(work, tensor) of the all-reduce started at the last step end."""
     group: Any = None
@@ -99,6 +102,20 @@ def arm(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return _stop.armed
 
 
+def _folder_of_script() -> Path | None:
+    """The folder the script loads from or saves to (``scalerun.checkpoint.load``/``save``),
+    where the launcher named none; once there is one, a SIGTERM stops the rank as the
+    warning does (it can save now)."""
+    from scalerun.runtime.checkpoint import script_folder
+
+    folder = script_folder()
+    if (folder is not None and "SIGTERM" not in _stop.armed
+            and threading.current_thread() is threading.main_thread()):
+        _stop.before.setdefault(signal.SIGTERM, signal.signal(signal.SIGTERM, _remember))
+        _stop.armed += ("SIGTERM",)
+    return folder
+
+
 def _remember(number: int, frame: Any) -> None:
     """Only note it: the step in progress finishes first, and all ranks stop together."""
     _stop.signal_number = _stop.signal_number or number
@@ -110,7 +127,7 @@ def at_step_end(wrapped: Wrapped) -> None:
     was signalled."""
     if not _stop.armed:
         return
-    folder = _stop.folder
+    folder = _stop.folder or _folder_of_script()
     if folder is None:
         _tell_unsaved(wrapped.strategy.ctx)
         return
@@ -130,7 +147,8 @@ def _tell_unsaved(ctx: Context) -> None:
         _stop.told = True
         if ctx.rank == 0:
             print(f"scalerun: {_name(_stop.signal_number)}: the job ends soon, but no checkpoint "
-                  "folder was given (scalerun launch --checkpoint DIR); training goes on unsaved",
+                  "folder was given (scalerun launch --checkpoint DIR, or the script's own "
+                  "scalerun.checkpoint.load/save(DIR)); training goes on unsaved",
                   file=sys.stderr, flush=True)
 
 

@@ -87,6 +87,9 @@ class Resources:
 
     job_name: str
     nodes: int
+    max_nodes: int | None = None
+    """With ``--nodes MIN-MAX``: the most nodes (``nodes`` the fewest). The job script then
+    takes the count from ``SLURM_JOB_NUM_NODES`` when it runs, never the planned one."""
     ntasks_per_node: int
     """Tasks SLURM starts on each node: one per GPU (srun mode) or one (torchrun mode)."""
     gpus_per_node: int = 0
@@ -112,6 +115,9 @@ class Resources:
         for name, value in (("nodes", self.nodes), ("ntasks-per-node", self.ntasks_per_node)):
             if value < 1:
                 raise LaunchError(f"--{name} {value}: must be at least 1")
+        if self.max_nodes is not None and self.max_nodes < self.nodes:
+            raise LaunchError(f"--nodes {self.nodes}-{self.max_nodes}: the most nodes must be at "
+                              f"least the fewest; write {self.max_nodes}-{self.nodes}")
         if self.gpus_per_node < 0 or (self.cpus_per_task is not None and self.cpus_per_task < 1):
             raise LaunchError("--gpus-per-node must be 0 or more and --cpus-per-task at least 1")
         if self.time is not None and not TIME_RE.fullmatch(self.time):
@@ -145,8 +151,8 @@ class Resources:
             ("partition", self.partition),
             ("account", self.account),
             ("time", self.time),
-            ("nodes", self.nodes),
-            ("ntasks-per-node", self.ntasks_per_node),
+            ("nodes", self.node_count),
+            *self._tasks_per_node(),
             ("cpus-per-task", self.cpus_per_task),
             ("hint", self.hint),
             ("gpus-per-node", self.gpus_per_node or None),
@@ -161,6 +167,25 @@ class Resources:
             if value is not None
         ]
         return lines + (["#SBATCH --exclusive"] if self.exclusive else [])
+
+    def _tasks_per_node(self) -> list[tuple[str, object]]:
+        """``--ntasks-per-node``; for a node range, the CPUs of those tasks (``--mincpus``)
+        instead: with ``--ntasks-per-node`` sbatch fixes the job's tasks at the fewest nodes
+        times it, and SLURM then never gives more nodes than the fewest. The srun steps
+        spell out their tasks per node themselves."""
+        if self.varies:
+            return [("mincpus", self.ntasks_per_node * (self.cpus_per_task or 1))]
+        return [("ntasks-per-node", self.ntasks_per_node)]
+
+    @property
+    def varies(self) -> bool:
+        """True when SLURM picks the node count within ``--nodes MIN-MAX``."""
+        return self.max_nodes is not None and self.max_nodes != self.nodes
+
+    @property
+    def node_count(self) -> str:
+        """``2``, or the range ``1-2`` as sbatch writes it."""
+        return f"{self.nodes}-{self.max_nodes}" if self.varies else str(self.nodes)
 
     def extra_directives(self) -> list[str]:
         lines = []
@@ -370,6 +395,7 @@ def resources(plan: LaunchPlan, mode: str) -> Resources:
     return Resources(
         job_name=slurm.job_name or Path(plan.program.script).stem or "scalerun",
         nodes=plan.nodes,
+        max_nodes=slurm.max_nodes,
         ntasks_per_node=tasks,
         gpus_per_node=plan.gpus_per_node,
         cpus_per_task=cpus,

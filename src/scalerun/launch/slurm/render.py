@@ -47,7 +47,7 @@ def program_words(job: SlurmJob) -> list[Word]:
         job.python,
         "-m",
         "torch.distributed.run",
-        f"--nnodes={job.resources.nodes}",
+        node_count_word(job, "--nnodes="),
         f"--nproc-per-node={job.nproc_per_node}",
         "--rdzv-backend=c10d",
         "--rdzv-id",
@@ -82,10 +82,19 @@ def host_side_words(job: SlurmJob) -> list[Word]:
     return [job.host_python, "-m", "scalerun", "exec", "--host-side", "--"]
 
 
-def srun_option_words(job: SlurmJob) -> list[str]:
+def node_count_word(job: SlurmJob, option: str) -> Word:
+    """``--nodes=2``; with ``--nodes MIN-MAX`` the count the job got, read when it runs
+    (a requeued job may come back on another count): the steps, the ranks' placement and
+    torchrun's rendezvous all follow it."""
+    if job.resources.varies:
+        return ShellRef("SLURM_JOB_NUM_NODES", when_set=option)
+    return f"{option}{job.resources.nodes}"
+
+
+def srun_option_words(job: SlurmJob) -> list[Word]:
     """Every srun option spelled out: srun in a batch script does not inherit them all."""
     res = job.resources
-    options = [f"--nodes={res.nodes}", f"--ntasks-per-node={res.ntasks_per_node}"]
+    options = [node_count_word(job, "--nodes="), f"--ntasks-per-node={res.ntasks_per_node}"]
     if res.cpus_per_task:
         options.append(f"--cpus-per-task={res.cpus_per_task}")
     if res.gpus_per_node:
@@ -290,13 +299,14 @@ def _launch(job: SlurmJob) -> str:
             "",
         ]
     lines += _check_step(job)
-    ranks = res.nodes * job.nproc_per_node
+    ranks = (f"{job.nproc_per_node} x SLURM_JOB_NUM_NODES" if res.varies
+             else str(res.nodes * job.nproc_per_node))
     how = {
         "srun": "one task per GPU; scalerun exec gives each rank RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...",
         "torchrun": "one task per node, torchrun starts the ranks and sets their variables",
     }[job.mode]
     lines += [
-        f"# --- launch: {ranks} ranks, {job.nproc_per_node} per node on {res.nodes} node(s) ---",
+        f"# --- launch: {ranks} ranks, {job.nproc_per_node} per node on {res.node_count} node(s) ---",
         f"# {how}",
     ]
     if job.bind_workers:

@@ -246,7 +246,7 @@ def run_job(job: SlurmJob, environ: Mapping[str, str], *, wait: bool) -> int:
 def _summary(job: SlurmJob) -> str:
     """The effective launch in one line, printed before anything starts."""
     res = job.resources
-    return f"{res.nodes} node(s) x {job.nproc_per_node} rank(s), {job.mode} mode, site {job.site}"
+    return f"{res.node_count} node(s) x {job.nproc_per_node} rank(s), {job.mode} mode, site {job.site}"
 
 
 def _run_inside(job: SlurmJob, script: Path, env: Mapping[str, str]) -> int:

@@ -1,0 +1,117 @@
+"""A requeued job that comes back on fewer nodes continues exactly (the SLURM test cluster).
+
+``scalerun launch --nodes 1-2 --requeue`` submits the example with its own
+``--checkpoint DIR`` (not the launcher's) and ``--global-batch-size``. It starts on both
+nodes; the test drains one node, then warns the job as SLURM does before a time limit
+(``scancel --signal=USR1 --batch``). The ranks save into the example's own folder, the job
+requeues itself and, with one node left, comes back on one: the job script's srun takes the
+count from ``SLURM_JOB_NUM_NODES``, the rank resumes the 2-rank checkpoint, says the
+continuation is exact, and ends at the last-epoch numbers of a job never interrupted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_slurm_preempt import finished, job_fields, log_of, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]  # two jobs, on a shared queue
+
+REPO = Path(__file__).resolve().parents[1]
+EPOCHS = 5  # 320 training images, 20 global batches of 16 an epoch: 100 steps
+LAST_EPOCH = re.compile(rf"epoch {EPOCHS}: train loss \S+, val loss \S+, val accuracy \S+ \S+")
+
+
+@pytest.fixture(scope="module")
+def vit_data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vit") / "data.h5"
+    subprocess.run([sys.executable, "examples/vit/make_data.py", "--out", str(path), "--samples",
+                    "400", "--classes", "4"], cwd=REPO, check=True, capture_output=True, timeout=120)
+    return path
+
+
+def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str) -> str:
+    """The example with its own checkpoint folder under ``run_dir``; returns the job id."""
+    done = subprocess.run(
+        # --cpu-bind none: the masks planned on the first node need not hold on the other,
+        # where another session's job may hold the CPU they name (SLURM places the task)
+        [sys.executable, "-m", "scalerun", "launch", "--nodes", nodes, "--gpus-per-node", "1",
+         "--cpus-per-task", "1", "--cpu-bind", "none", "--no-check", "--run-dir", str(run_dir),
+         *flags,
+         "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS),
+         "--global-batch-size", "16", "--num-workers", "0", "--data", str(data), "--no-generate",
+         "--checkpoint", str(run_dir / "own"), "--out", str(run_dir / "model.pt")],
+        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"submitted job (\d+)", done.stdout).group(1)
+
+
+def all_idle(cluster) -> bool:
+    """Every node idle and nothing else waiting for them."""
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=cluster.env, capture_output=True,
+                            text=True, timeout=30).stdout.split()
+    pending = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%i %r"], env=cluster.env,
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()
+    return bool(states) and set(states) == {"idle"} and all("JobHeld" in p for p in pending)
+
+
+def scontrol(cluster, *words: str) -> None:
+    subprocess.run(["scontrol", *words], env=cluster.env, check=True, capture_output=True,
+                   timeout=30)
+
+
+def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
+    slurm_cluster, vit_data, tmp_path_factory
+):
+    straight_dir = tmp_path_factory.mktemp("straight")
+    straight = submit(slurm_cluster, straight_dir, vit_data, "2")
+    wait_until(lambda: finished(slurm_cluster, straight), f"job {straight}")
+    assert job_fields(slurm_cluster, straight)["JobState"] == "COMPLETED", log_of(straight_dir, straight)
+    reference = LAST_EPOCH.search(log_of(straight_dir, straight)).group(0)
+
+    run_dir = tmp_path_factory.mktemp("resized")
+    # held until both nodes are free (other sessions share the cluster): a range starts on
+    # what is free, and this test needs the job to start on both
+    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue", "--sbatch-arg=--hold")
+    wait_until(lambda: all_idle(slurm_cluster), "both nodes idle")
+    scontrol(slurm_cluster, "release", job_id)
+    script = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=1-2\n" in script and '--nodes="${SLURM_JOB_NUM_NODES}"' in script
+
+    def trained_an_epoch() -> bool:
+        log = run_dir / f"slurm-{job_id}.out"
+        return log.is_file() and "epoch 1: train loss" in log.read_text(errors="replace")
+
+    wait_until(lambda: trained_an_epoch() or finished(slurm_cluster, job_id), "an epoch")
+    assert job_fields(slurm_cluster, job_id)["NumNodes"] == "2", "the job must start on both nodes"
+    drained = slurm_cluster.nodes[-1]
+    scontrol(slurm_cluster, "update", f"nodename={drained}", "state=drain", "reason=scalerun-test")
+    try:
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
+                       check=True, capture_output=True, timeout=30)
+        wait_until(lambda: job_fields(slurm_cluster, job_id).get("Restarts") == "1"
+                   and job_fields(slurm_cluster, job_id).get("JobState") in {"RUNNING", "COMPLETED"},
+                   f"job {job_id} to come back")
+        assert job_fields(slurm_cluster, job_id)["NumNodes"] == "1"
+    finally:
+        scontrol(slurm_cluster, "update", f"nodename={drained}", "state=resume")
+    wait_until(lambda: finished(slurm_cluster, job_id), f"job {job_id} to end")
+
+    log = log_of(run_dir, job_id)
+    fields = job_fields(slurm_cluster, job_id)
+    assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == ("COMPLETED", "1", "0:0"), log
+    stopped = re.search(r"SIGUSR1: every rank stopped after step (\d+); checkpoint (\S+)", log)
+    assert stopped, log
+    step, saved = int(stopped.group(1)), stopped.group(2)
+    assert saved == str(run_dir / "own" / f"step-{step:08d}")  # the example's own folder
+    assert "2 rank(s) (1 per node)" in log and "1 rank(s) (1 per node)" in log
+    assert (f"scalerun: resumed from step {step} ({saved}; epoch {step // 20}, batch {step % 20}; "
+            "saved by 2 rank(s), this run has 1: an exact continuation: same global batch 16 "
+            "(8 x 2 rank(s), now 16 x 1 rank(s)), same sample order)") in log
+    assert LAST_EPOCH.search(log).group(0) == reference
