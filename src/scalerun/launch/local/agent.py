@@ -20,7 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import tail
+from scalerun.launch.local import start, tail
 from scalerun.launch.local.job import LocalJob
 from scalerun.launch.observe import (
     closing_summary,
@@ -79,16 +79,17 @@ def _run(job: LocalJob) -> tuple[int, str | None]:
     if not job.verbose:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    argv = list(job.argv)
-    args = torchrun.parse_args(argv)
     tail.install()  # [rankN]: lines stay whole when ranks print at once
-    if job.verbose:
-        shown = redact_words(argv, secret_values(os.environ))
-        print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
-    try:
-        run_agent(args)
-    except ChildFailedError as error:
-        return exit_code_of(error.failures), failure_message(error.failures)
+    # a program that does not call init(): the agent applies each rank's plan as it starts it
+    with start.bound_ranks(job.direct_argv is not None) as binds:
+        argv = list(job.direct_argv if binds and job.direct_argv is not None else job.argv)
+        if job.verbose:
+            shown = redact_words(argv, secret_values(os.environ))
+            print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
+        try:
+            run_agent(torchrun.parse_args(argv))
+        except ChildFailedError as error:
+            return exit_code_of(error.failures), failure_message(error.failures)
     return 0, None
 
 
