@@ -273,3 +273,33 @@ def test_the_agent_starts_a_plain_program_bound_without_scalerun_exec(tmp_path: 
     if len(os.sched_getaffinity(0)) >= 2:  # each rank on its own core, as scalerun.init does
         assert seen[0]["cpus"] != seen[1]["cpus"]
         assert all(rank["env"]["OMP_NUM_THREADS"] == str(len(rank["cpus"])) for rank in seen)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_on_several_nodes_each_line_names_its_rank_and_node(tmp_path: Path) -> None:
+    """Issue 20 (torch issue 75087): two nodes of one launch, each a ``scalerun launch
+    --nnodes 2`` on this machine, named by the scheduler's variable as on SLURM (the short
+    name: the domain is cut). One node keeps torchrun's ``[rankN]:`` (the tests above)."""
+    script = write(tmp_path, "hello.py", """
+        import os
+        print("hello from", os.environ["RANK"], flush=True)
+    """)
+    common = ["launch", "--no-monitor", "--nnodes", "2", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
+    first = subprocess.Popen([*SCALERUN, *common, "--node-rank", "0", str(script)], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**env, "SLURMD_NODENAME": "b1.cluster.example"})
+    second = run_cli(*common, "--node-rank", "1", str(script), SLURMD_NODENAME="b2")
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, err + second.stderr
+    lines = sorted(line for line in (out + second.stdout).splitlines() if "hello from" in line)
+    assert lines == ["[rank0 b1]: hello from 0", "[rank1 b1]: hello from 1",
+                     "[rank2 b2]: hello from 2", "[rank3 b2]: hello from 3"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local import start, tail
-from scalerun.launch.local.job import LocalJob
+from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob
 from scalerun.launch.observe import (
     closing_summary,
     failure_lines,
@@ -29,6 +29,8 @@ from scalerun.launch.observe import (
     start_sampler,
     stop_sampler,
 )
+from scalerun.launch.prefix import fill_node, short_node
+from scalerun.placement import node_name
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
 
@@ -42,6 +44,8 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
     if job.check_gpus:
         check_ranks_fit_gpus(job, env)
     env.update(rank_environment(job.env, env))
+    if PREFIX_VARIABLE in env:  # on several nodes the prefix names this one
+        env[PREFIX_VARIABLE] = fill_node(env[PREFIX_VARIABLE], short_node(node_name(env)))
     if job.observe is not None:
         return _observed(job)
     code, failure = _run(job)

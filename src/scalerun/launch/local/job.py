@@ -17,10 +17,10 @@ import shutil
 from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
+from scalerun.launch.prefix import elastic_template
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
 from scalerun.plan.request import ObserveRequest
 
-RANK_PREFIX = "[rank${rank}]: "
 PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
@@ -64,7 +64,10 @@ def make_job(plan: LaunchPlan) -> LocalJob:
     if bad:
         raise LaunchError(f"--local-ranks-filter {bad[0]} is not a local rank of --nproc-per-node "
                           f"{plan.procs_per_node}")
-    own = (RankVariable(PREFIX_VARIABLE, RANK_PREFIX, "torchrun's [rankN]: prefix", keep_user=True),
+    several = options.nnodes > 1
+    own = (RankVariable(PREFIX_VARIABLE, elastic_template(several),
+                        "[rankN node]: prefix (several nodes)" if several else
+                        "torchrun's [rankN]: prefix", keep_user=True),
            ) if options.prefix_output else ()
     direct = tuple(torchrun_argv(plan, agent_binds=True)) if agent_can_bind(plan) else None
     return LocalJob(plan=plan, argv=tuple(torchrun_argv(plan)), direct_argv=direct,
