@@ -29,6 +29,17 @@ prints its thread warning or chooses threads differently.
 
     python benchmarks/launch.py                      # 1, 2, 4 ranks, 5 repetitions
     python benchmarks/launch.py --ranks 1 2 --repeat 3 --out /tmp/launch.json
+
+``--trivial`` (issue 20) asks a different question: how much longer does a script that
+does not import scalerun take, start to end, under ``scalerun launch`` than under
+``torchrun``? It runs the two commands as the issue wrote them, ``torchrun
+--nproc-per-node 2 trivial.py`` and ``scalerun launch --nproc-per-node 2 trivial.py``
+(defaults: run directory, node sampler and closing summary on), in pairs, the order
+flipping every pair, and reports each command's whole-process wall time and CPU seconds,
+the ratio of the medians and the median of the ratios within a pair (the goal: at most
+1.05x), with the load average at every pair, since a busy machine moves both::
+
+    python benchmarks/launch.py --trivial            # 2 ranks, 7 pairs, results/launch-trivial.json
 """
 
 from __future__ import annotations
@@ -245,10 +256,120 @@ def write_json(path: Path, results: list[Samples], args: argparse.Namespace, env
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+# --- issue 20: a trivial script, whole process, alternating pairs ---------------------------
+
+TRIVIAL_SOURCE = 'print("trivial", flush=True)\n'
+"""The script both launchers run: it imports nothing, so the launchers are all that is timed."""
+TRIVIAL_GOAL = 1.05
+TRIVIAL_PAIR = ("torchrun", "scalerun")
+
+
+def trivial_command(variant: str, ranks: int, script: Path) -> list[str]:
+    """The two commands of issue 20, word for word (the launchers' defaults)."""
+    if variant == "scalerun":
+        return [str(BIN / "scalerun"), "launch", f"--nproc-per-node={ranks}", str(script)]
+    return [str(BIN / "torchrun"), f"--nproc-per-node={ranks}", str(script)]
+
+
+def run_whole(command: list[str], workdir: Path) -> tuple[float, float]:
+    """(wall seconds from Popen to exit, CPU seconds of the command and its children)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cpu_before, started = children_cpu_s(), time.perf_counter()
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    wall = time.perf_counter() - started
+    if done.returncode != 0 or "trivial" not in done.stdout:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}):\n{tail}")
+    return wall, children_cpu_s() - cpu_before
+
+
+def run_trivial_pairs(ranks: int, pairs: int, warmup: int) -> list[dict]:
+    """One dict per timed pair: each launcher's wall and CPU seconds, the load before it."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp:
+        workdir = Path(tmp)
+        script = workdir / "trivial.py"
+        script.write_text(TRIVIAL_SOURCE)
+        for _ in range(warmup):  # untimed: page cache, .pyc files
+            for variant in TRIVIAL_PAIR:
+                run_whole(trivial_command(variant, ranks, script), workdir)
+        for index in range(pairs):
+            order = TRIVIAL_PAIR if index % 2 == 0 else TRIVIAL_PAIR[::-1]
+            row: dict = {"pair": index + 1, "first": order[0], "load_1m": os.getloadavg()[0]}
+            for variant in order:
+                row[f"{variant}_s"], row[f"{variant}_cpu_s"] = run_whole(
+                    trivial_command(variant, ranks, script), workdir)
+            row["ratio"] = row["scalerun_s"] / row["torchrun_s"]
+            rows.append(row)
+            print(f"  pair {index + 1}/{pairs} ({order[0]} first, load {row['load_1m']:.2f}): "
+                  f"torchrun {row['torchrun_s']:.3f} s, scalerun {row['scalerun_s']:.3f} s, "
+                  f"ratio {row['ratio']:.3f}", file=sys.stderr, flush=True)
+    return rows
+
+
+def trivial_summary(rows: list[dict]) -> dict:
+    """Medians, the two ratios and the verdict against the goal."""
+    med = {key: statistics.median(row[key] for row in rows)
+           for key in ("torchrun_s", "scalerun_s", "torchrun_cpu_s", "scalerun_cpu_s", "ratio")}
+    ratio_of_medians = med["scalerun_s"] / med["torchrun_s"]
+    return {"pairs": len(rows), "median": med, "ratio_of_medians": ratio_of_medians,
+            "median_of_pair_ratios": med["ratio"],
+            "cpu_ratio_of_medians": med["scalerun_cpu_s"] / med["torchrun_cpu_s"],
+            "goal": TRIVIAL_GOAL, "met": max(ratio_of_medians, med["ratio"]) <= TRIVIAL_GOAL,
+            "load_1m": [row["load_1m"] for row in rows]}
+
+
+def render_trivial(rows: list[dict], summary: dict, ranks: int) -> str:
+    lines = [f"trivial script, {ranks} ranks, whole process (wall s / CPU s)",
+             "pair  first     load   torchrun          scalerun          scalerun/torchrun",
+             "----  --------  -----  ----------------  ----------------  -----------------"]
+    for row in rows:
+        lines.append(f"{row['pair']:4d}  {row['first']:8s}  {row['load_1m']:5.2f}  "
+                     f"{row['torchrun_s']:6.3f} / {row['torchrun_cpu_s']:5.2f}   "
+                     f"{row['scalerun_s']:6.3f} / {row['scalerun_cpu_s']:5.2f}   {row['ratio']:17.3f}")
+    med = summary["median"]
+    lines += [f"median            {statistics.median(summary['load_1m']):5.2f}  "
+              f"{med['torchrun_s']:6.3f} / {med['torchrun_cpu_s']:5.2f}   "
+              f"{med['scalerun_s']:6.3f} / {med['scalerun_cpu_s']:5.2f}   {med['ratio']:17.3f}",
+              "",
+              f"ratio of medians {summary['ratio_of_medians']:.3f}, median of pair ratios "
+              f"{summary['median_of_pair_ratios']:.3f}, CPU {summary['cpu_ratio_of_medians']:.3f}; "
+              f"goal <= {TRIVIAL_GOAL}: {'met' if summary['met'] else 'NOT met'}"]
+    return "\n".join(lines)
+
+
+def main_trivial(args: argparse.Namespace) -> int:
+    env = environment()
+    ranks = args.ranks[0] if args.ranks else 2
+    print(f"launch benchmark (trivial script): {args.pairs} pairs, {ranks} ranks, "
+          f"{env['cpus']} CPUs (load {env['loadavg_1m']:.2f})", file=sys.stderr)
+    try:
+        rows = run_trivial_pairs(ranks, args.pairs, args.warmup)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        print(f"launch.py: error: {error}", file=sys.stderr)
+        return 1
+    summary = trivial_summary(rows)
+    print(render_trivial(rows, summary, ranks))
+    out = args.out or Path("benchmarks/results/launch-trivial.json")
+    report = {"benchmark": "launch-trivial",
+              "measures": "whole-process wall seconds and CPU seconds of `torchrun "
+              "--nproc-per-node N trivial.py` and `scalerun launch --nproc-per-node N "
+              "trivial.py`, run in pairs whose order alternates",
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "command": " ".join(["python", *sys.argv]), "ranks": ranks,
+              "environment": {**env, "loadavg_1m_after": os.getloadavg()[0]},
+              "pairs": rows, "summary": summary}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Time scalerun launch against torchrun.")
     parser.add_argument(
-        "--ranks", type=int, nargs="+", default=[1, 2, 4], help="local rank counts (default 1 2 4)"
+        "--ranks", type=int, nargs="+", help="local rank counts (default 1 2 4; --trivial: 2)"
     )
     parser.add_argument(
         "--repeat", type=int, default=5, help="timed runs per launcher and rank count (default 5)"
@@ -257,12 +378,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup", type=int, default=1, help="untimed runs of each first (default 1)"
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/launch.json"), help="JSON report"
+        "--out", type=Path,
+        help="JSON report (default results/launch.json; --trivial: results/launch-trivial.json)"
     )
     parser.add_argument(
         "--probe", type=Path, help=argparse.SUPPRESS
     )  # rank mode, used by the launches
     parser.add_argument("--plain-torch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trivial", action="store_true",
+                        help="issue 20: a script that imports nothing, whole process, alternating "
+                        "pairs of torchrun and scalerun launch (2 ranks unless --ranks N)")
+    parser.add_argument("--pairs", type=int, default=7,
+                        help="--trivial: timed pairs (default 7; 5 or more for the goal)")
     return parser
 
 
@@ -271,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe:
         probe_rank(args.probe, args.plain_torch)
         return 0
+    if args.trivial:
+        return main_trivial(args)
+    args.ranks = args.ranks or [1, 2, 4]
+    args.out = args.out or Path("benchmarks/results/launch.json")
     env = environment()
     print(
         f"launch benchmark: {args.repeat} x {len(VARIANTS)} launchers x ranks {args.ranks} "

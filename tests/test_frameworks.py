@@ -67,7 +67,7 @@ def test_fabric_locally(tmp_path) -> None:
     for rank, seen in ranks.items():
         assert (seen["world"], seen["local"], seen["node"]) == (2, rank, 0)
         assert seen["environment"] == "TorchElasticEnvironment" and seen["same_weights"]
-    # started through scalerun exec --bind: each rank on cores of its own where there are
+    # bound by the launcher as scalerun exec --bind would: each rank on cores of its own where there are
     # enough (Lightning sets no affinity by itself), and the plan's thread count
     allowed = os.sched_getaffinity(0)
     cpus = [set(seen["cpus"]) for seen in ranks.values()]

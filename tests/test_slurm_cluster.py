@@ -58,11 +58,21 @@ def job_log(run_dir: Path) -> str:
     return logs[0].read_text()
 
 
+PREFIXED_PROBE = re.compile(r"^(?:\[rank(\d+) (\S+)\]: )?PROBE (\{.*\})$")
+"""A probe's line, after the ``[rankN node]: `` of a run on several nodes (issue 20)."""
+
+
 def probes(text: str) -> dict[int, dict]:
-    reports = [
-        json.loads(line[len("PROBE ") :]) for line in text.splitlines() if line.startswith("PROBE ")
-    ]
+    reports = [json.loads(match.group(3)) for match in map(PREFIXED_PROBE.match, text.splitlines())
+               if match]
     return {int(report["RANK"]): report for report in reports}
+
+
+def prefixes(text: str) -> dict[int, str]:
+    """rank -> the node its probe line's prefix names (ranks whose line had no prefix: none)."""
+    return {int(match.group(1)): match.group(2) for match in map(PREFIXED_PROBE.match,
+                                                                text.splitlines())
+            if match and match.group(1) is not None}
 
 
 def rank_reports(text: str) -> dict[int, tuple]:
@@ -319,6 +329,24 @@ def test_hostile_arguments_reach_every_rank_unchanged(slurm_cluster, tmp_path):
     assert sorted(ranks) == [0, 1, 2, 3]
     assert all(report["argv"] == HOSTILE for report in ranks.values())
     assert not (REPO / "pwned").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_on_2_nodes_every_line_names_its_rank_and_node(slurm_cluster, tmp_path):
+    """Issue 20 (torch issue 75087): srun mode on two nodes prefixes each task's lines with
+    ``[rankN node]: ``, the rank and node of the task that printed them, stdout and stderr."""
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+                    "--no-check", "--run-dir", str(tmp_path), PROBE)
+    log = job_log(tmp_path)
+    assert done.returncode == 0, done.stderr + log
+    ranks = probes(log)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert prefixes(log) == {rank: EXPECTED_2X2[rank][0] for rank in range(4)}
+    assert all(report["host"] == EXPECTED_2X2[rank][0] for rank, report in ranks.items())
+    failing = tmp_path / "failing"
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+                    "--no-check", "--env", "PROBE_FAIL_RANK=3", "--run-dir", str(failing), PROBE)
+    assert done.returncode != 0
+    assert "[rank3 nid000002]: probe: rank 3 fails on purpose" in job_log(failing).splitlines()
 
 
 def test_sbatch_lines_round_trip_through_the_real_sbatch(slurm_cluster, tmp_path):

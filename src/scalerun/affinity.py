@@ -15,11 +15,13 @@ from scalerun.errors import TopologyError
 from scalerun.topology.cpulist import format_cpulist
 
 
-def apply_affinity(cpus: Iterable[int]) -> None:
+def apply_affinity(cpus: Iterable[int], *, every_thread: bool = True) -> None:
     """Pin every thread that still has the process's original affinity, as torch does.
 
     Threads that already chose their own CPUs (a data loader that pinned itself) keep
-    them; threads started later inherit the new set from the main thread.
+    them; threads started later inherit the new set from the main thread. With
+    ``every_thread`` False only the calling thread is pinned (what a process it starts
+    inherits), and the caller sets it back.
     """
     target = set(cpus)
     original = os.sched_getaffinity(0)
@@ -30,6 +32,8 @@ def apply_affinity(cpus: Iterable[int]) -> None:
             f"cannot bind to CPUs {format_cpulist(target)} ({error.strerror}); "
             f"this process may use {format_cpulist(original)}: plan against this machine's /sys"
         ) from None
+    if not every_thread:
+        return
     for tid in _thread_ids():
         try:
             if os.sched_getaffinity(tid) == original:

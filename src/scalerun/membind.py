@@ -70,6 +70,19 @@ def prefer_node(node: int, *, mode: int = MPOL_PREFERRED) -> MembindResult:
     return MembindResult(True, f"memory policy {POLICY_NAMES.get(mode, mode)}:{node}")
 
 
+def restore_policy(policy: tuple[int, frozenset[int]]) -> bool:
+    """Set this thread's policy back to one :func:`current_policy` read (the local agent
+    lends its thread a rank's policy while it starts that rank); True when the kernel took it."""
+    numbers = SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return False
+    mode, nodes = policy
+    mask, maxnode = node_mask(set(nodes)) if nodes else (None, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(ctypes.c_long(numbers[0]), ctypes.c_long(mode), mask,
+                        ctypes.c_ulong(maxnode)) == 0
+
+
 def node_mask(nodes: set[int]) -> tuple[ctypes.Array, int]:
     """A node bit mask and its ``maxnode`` argument for the system calls.
 

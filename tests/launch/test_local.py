@@ -244,3 +244,69 @@ def test_verbose_lines_and_run_json_mask_secrets(tmp_path: Path) -> None:
     kept = (run_dir / "run.json").read_text()
     for secret in ("hf_abcdef123", "k1"):
         assert secret not in result.stdout + result.stderr + kept
+
+
+AGENT_STARTED = """
+    import json, os, subprocess, sys
+    again = subprocess.run([sys.executable, "-m", "scalerun", "exec", "--bind", "--", sys.executable,
+                            "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                           capture_output=True, text=True, check=True)
+    parent = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")
+    print("RANK_SEES " + json.dumps({"rank": int(os.environ["RANK"]), "parent": parent,
+          "cpus": sorted(os.sched_getaffinity(0)), "env": dict(os.environ),
+          "exec_env": json.loads(again.stdout)}), flush=True)
+"""
+
+
+def test_the_agent_starts_a_plain_program_bound_without_scalerun_exec(tmp_path: Path) -> None:
+    """Issue 20: no second interpreter per rank. The rank's parent is the agent itself, yet
+    the rank has its own cores and everything ``scalerun exec --bind`` would give it: run
+    inside the rank, exec has nothing left to add."""
+    import json
+
+    script = write(tmp_path, "seen.py", AGENT_STARTED)
+    job = local_job(script=str(script), nproc_per_node=2)
+    assert job.direct_argv is not None and "exec" not in job.direct_argv
+    assert job.direct_argv[-2:] == ("--tee=3", str(script))
+    result = run_cli("launch", "--nproc-per-node", "2", "--no-monitor", str(script))
+    assert result.returncode == 0, result.stderr
+    seen = [json.loads(line.split("RANK_SEES ", 1)[1]) for line in result.stdout.splitlines()
+            if "RANK_SEES " in line]
+    assert sorted(rank["rank"] for rank in seen) == [0, 1]
+    for rank in seen:
+        assert "launch" in rank["parent"] and "exec" not in rank["parent"], rank["parent"]
+        assert rank["exec_env"] == rank["env"], sorted(
+            set(rank["exec_env"].items()) ^ set(rank["env"].items()))
+    if len(os.sched_getaffinity(0)) >= 2:  # each rank on its own core, as scalerun.init does
+        assert seen[0]["cpus"] != seen[1]["cpus"]
+        assert all(rank["env"]["OMP_NUM_THREADS"] == str(len(rank["cpus"])) for rank in seen)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_on_several_nodes_each_line_names_its_rank_and_node(tmp_path: Path) -> None:
+    """Issue 20 (torch issue 75087): two nodes of one launch, each a ``scalerun launch
+    --nnodes 2`` on this machine, named by the scheduler's variable as on SLURM (the short
+    name: the domain is cut). One node keeps torchrun's ``[rankN]:`` (the tests above)."""
+    script = write(tmp_path, "hello.py", """
+        import os
+        print("hello from", os.environ["RANK"], flush=True)
+    """)
+    common = ["launch", "--no-monitor", "--nnodes", "2", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
+    first = subprocess.Popen([*SCALERUN, *common, "--node-rank", "0", str(script)], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**env, "SLURMD_NODENAME": "b1.cluster.example"})
+    second = run_cli(*common, "--node-rank", "1", str(script), SLURMD_NODENAME="b2")
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, err + second.stderr
+    lines = sorted(line for line in (out + second.stdout).splitlines() if "hello from" in line)
+    assert lines == ["[rank0 b1]: hello from 0", "[rank1 b1]: hello from 1",
+                     "[rank2 b2]: hello from 2", "[rank3 b2]: hello from 3"]

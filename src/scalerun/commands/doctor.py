@@ -174,6 +174,7 @@ def submit(args: argparse.Namespace, options: DoctorOptions) -> int:
 
     args.script, args.module, args.no_python = RANK_MODULE, True, False
     args.check = False  # the doctor is the check: no quick doctor in front of it
+    args.no_prefix = True  # its report (--json, read by `scalerun scaling`) is read from the log as printed
     args.script_args = to_argv(options)
     args.job_name = args.job_name or "scalerun-doctor"
     if not args.dry_run:

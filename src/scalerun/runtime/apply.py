@@ -61,6 +61,7 @@ def apply_rank_plan(
     apply_env: bool,
     who: str,
     save_warm_cache: bool = False,
+    every_thread: bool = True,
 ) -> Applied:
     """Apply ``plan`` to this process: see the module docstring for the policy.
 
@@ -72,10 +73,12 @@ def apply_rank_plan(
     who: the caller's name, the prefix of every line printed.
     save_warm_cache: this process lives until the rank's end (``init()``, not a process
         that ``exec`` replaces): on global rank 0 it saves the warm JIT caches then.
+    every_thread: bind every thread that has the process's CPU set (a rank); False binds
+        only the calling thread (the local agent's, while it starts a rank that inherits it).
     """
     notes: list[str] = []
     membind = _prefer_memory_node(plan, notes) if bind else None
-    cpus = _bind_cpus(plan, notes) if bind else None
+    cpus = _bind_cpus(plan, notes, every_thread) if bind else None
     wanted = apply_env and environ.get(variables.NETCONF, "1") != "0"
     exported = _export(plan, environ, notes) if wanted else {}
     for note in notes:
@@ -99,13 +102,13 @@ def _prefer_memory_node(plan: RankPlan, notes: list[str]) -> MembindResult | Non
     return result
 
 
-def _bind_cpus(plan: RankPlan, notes: list[str]) -> tuple[int, ...] | None:
+def _bind_cpus(plan: RankPlan, notes: list[str], every_thread: bool) -> tuple[int, ...] | None:
     if not plan.bind:
         return None
     from scalerun.affinity import apply_affinity
 
     try:
-        apply_affinity(plan.cpus)
+        apply_affinity(plan.cpus, every_thread=every_thread)
     except TopologyError as error:
         notes.append(f"CPUs not bound: {error}")
         return None

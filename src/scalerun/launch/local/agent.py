@@ -20,8 +20,8 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import tail
-from scalerun.launch.local.job import LocalJob
+from scalerun.launch.local import start, tail
+from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob
 from scalerun.launch.observe import (
     closing_lines,
     prepare_run_dir,
@@ -30,7 +30,9 @@ from scalerun.launch.observe import (
     stop_sampler,
     stop_straggler_watch,
 )
+from scalerun.launch.prefix import fill_node, short_node
 from scalerun.launch.trackers import attach_report
+from scalerun.placement import node_name
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
 
@@ -44,6 +46,8 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
     if job.check_gpus:
         check_ranks_fit_gpus(job, env)
     env.update(rank_environment(job.env, env))
+    if PREFIX_VARIABLE in env:  # on several nodes the prefix names this one
+        env[PREFIX_VARIABLE] = fill_node(env[PREFIX_VARIABLE], short_node(node_name(env)))
     if job.observe is not None:
         return _observed(job)
     try:
@@ -95,16 +99,17 @@ def _run(job: LocalJob) -> tuple[int, str | None]:
     if not job.verbose:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    argv = list(job.argv)
-    args = torchrun.parse_args(argv)
     tail.install()  # [rankN]: lines stay whole when ranks print at once
-    if job.verbose:
-        shown = redact_words(argv, secret_values(os.environ))
-        print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
-    try:
-        run_agent(args)
-    except ChildFailedError as error:
-        return exit_code_of(error.failures), failure_message(error.failures)
+    # a program that does not call init(): the agent applies each rank's plan as it starts it
+    with start.bound_ranks(job.direct_argv is not None) as binds:
+        argv = list(job.direct_argv if binds and job.direct_argv is not None else job.argv)
+        if job.verbose:
+            shown = redact_words(argv, secret_values(os.environ))
+            print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
+        try:
+            run_agent(torchrun.parse_args(argv))
+        except ChildFailedError as error:
+            return exit_code_of(error.failures), failure_message(error.failures)
     return 0, None
 
 

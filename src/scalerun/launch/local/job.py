@@ -17,10 +17,10 @@ import shutil
 from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
+from scalerun.launch.prefix import elastic_template
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
 from scalerun.plan.request import ObserveRequest
 
-RANK_PREFIX = "[rank${rank}]: "
 PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
@@ -30,7 +30,12 @@ class LocalJob:
 
     plan: LaunchPlan
     argv: tuple[str, ...]
-    """torchrun's arguments (``torch.distributed.run``'s parser reads them)."""
+    """torchrun's arguments (``torch.distributed.run``'s parser reads them), as a shell
+    would run them: a program that does not call ``init()`` behind ``scalerun exec --bind``."""
+    direct_argv: tuple[str, ...] | None = None
+    """The same launch with such a program started directly, for an agent that applies
+    each rank's plan itself as it starts it (:mod:`scalerun.launch.local.start`): one
+    interpreter per rank, not two. None where ``argv`` has no ``scalerun exec`` to drop."""
     env: tuple[RankVariable, ...]
     """The plan's variables, and the local backend's own (output prefixes)."""
     observe: ObserveRequest | None
@@ -59,10 +64,21 @@ def make_job(plan: LaunchPlan) -> LocalJob:
     if bad:
         raise LaunchError(f"--local-ranks-filter {bad[0]} is not a local rank of --nproc-per-node "
                           f"{plan.procs_per_node}")
-    own = (RankVariable(PREFIX_VARIABLE, RANK_PREFIX, "torchrun's [rankN]: prefix", keep_user=True),
+    several = options.nnodes > 1
+    own = (RankVariable(PREFIX_VARIABLE, elastic_template(several),
+                        "[rankN node]: prefix (several nodes)" if several else
+                        "torchrun's [rankN]: prefix", keep_user=True),
            ) if options.prefix_output else ()
-    return LocalJob(plan=plan, argv=tuple(torchrun_argv(plan)), env=(*plan.env, *own),
-                    observe=request.observe, check_gpus=options.check_gpus)
+    direct = tuple(torchrun_argv(plan, agent_binds=True)) if agent_can_bind(plan) else None
+    return LocalJob(plan=plan, argv=tuple(torchrun_argv(plan)), direct_argv=direct,
+                    env=(*plan.env, *own), observe=request.observe, check_gpus=options.check_gpus)
+
+
+def agent_can_bind(plan: LaunchPlan) -> bool:
+    """The agent can stand in for ``scalerun exec --bind`` (binding and variables), but not
+    for a command-line profiler, which ``exec`` puts in front of the chosen ranks only."""
+    observe = plan.request.observe
+    return plan.exec_bind and not (observe is not None and observe.command_profiler)
 
 
 def check_program(plan: LaunchPlan) -> None:
@@ -81,12 +97,13 @@ def _runnable(command: str) -> bool:
     return shutil.which(command) is not None
 
 
-def torchrun_argv(plan: LaunchPlan) -> list[str]:
+def torchrun_argv(plan: LaunchPlan, *, agent_binds: bool = False) -> list[str]:
     """The torchrun command line of the launch (also shown with ``--verbose``).
 
     With a command-line profiler (``--profiler 'nsys profile'``), or a program that does not
     call ``scalerun.init()``, every rank starts through ``scalerun exec --bind``, which binds
-    it, exports the plan's variables and puts the profiler in front of the chosen ranks."""
+    it, exports the plan's variables and puts the profiler in front of the chosen ranks;
+    ``agent_binds``: the agent does the binding and variables itself (not a profiler)."""
     options = plan.request.local
     argv = [f"--nproc-per-node={plan.procs_per_node}", f"--max-restarts={plan.request.max_restarts}"]
     if options.standalone or (options.nnodes == 1 and options.master_port is None
@@ -106,7 +123,7 @@ def torchrun_argv(plan: LaunchPlan) -> list[str]:
         argv.append("--local-ranks-filter=" + ",".join(map(str, options.ranks_filter)))
     program = plan.program
     observe = plan.request.observe
-    if (observe is not None and observe.command_profiler) or plan.exec_bind:
+    if (observe is not None and observe.command_profiler) or (plan.exec_bind and not agent_binds):
         return [*argv, "--no-python", *exec_bind_words(plan.host_python, program.script, program.entry),
                 *program.args]
     if program.entry == "module":

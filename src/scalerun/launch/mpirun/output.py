@@ -5,7 +5,8 @@ Why: with ``--tag-output`` Open MPI 4 prefixes every piece a rank writes with
 ``[JOB,RANK]<stdout>:``, a piece being whatever one read of the rank's pipe returned, so a
 line printed in several writes arrives cut (``[1,0]<stdout>:ready[1,0]<stdout>: 0``), and
 pieces of different ranks interleave. :class:`RankLines` puts each rank's pieces back
-together and writes each whole line once, prefixed ``[rankN]: `` like torchrun's.
+together and writes each whole line once, prefixed ``[rankN]: `` like torchrun's
+(:mod:`scalerun.launch.prefix`; mpirun runs one node, whose name the prefix leaves out).
 
 mpirun's own messages (untagged) pass through, except the boxes it prints when a rank
 failed; :class:`MpirunMessages` reads from them which rank failed and how, for the one
@@ -19,6 +20,8 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from typing import TextIO
+
+from scalerun.launch.prefix import rank_prefix
 
 TAG = re.compile(r"\[\d+,(\d+)\]<std(?:out|err|diag)>:")
 BOX_RULE = re.compile(r"^-{20,}$")
@@ -66,7 +69,7 @@ class RankLines:
         if self.shown is not None and rank not in self.shown:
             return
         with _write_lock:
-            self.dst.write(f"[rank{rank}]: {line}" if self.prefix else line)
+            self.dst.write(rank_prefix(rank) + line if self.prefix else line)
             self.dst.flush()
 
 

@@ -256,6 +256,9 @@ class SlurmJob:
     """Training processes per node: SLURM tasks (srun) or torchrun workers (torchrun)."""
     max_restarts: int = 0
     """Times torchrun restarts every node's workers after a failure (torchrun mode only)."""
+    prefix_lines: bool = False
+    """srun mode on several nodes: each task's lines carry ``[rankN node]: ``
+    (:data:`~scalerun.launch.prefix.SRUN_PREFIX`), as ``srun --label`` marks its tasks."""
     bind_workers: bool = False
     """torchrun mode: each worker starts through ``scalerun exec --bind`` (its cores, memory
     node and the plan's variables), for programs that do not call ``scalerun.init()``."""
@@ -344,6 +347,7 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         mode=mode,
         nproc_per_node=plan.procs_per_node,
         max_restarts=request.max_restarts,
+        prefix_lines=(mode == "srun" and job_resources.nodes > 1 and request.local.prefix_output),
         # inside a container too: scalerun is brought into the image (plan.launch)
         bind_workers=mode == "torchrun" and plan.exec_bind,
         python=plan.python,

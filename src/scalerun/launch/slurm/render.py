@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
+from scalerun.launch.prefix import SRUN_PREFIX
 from scalerun.launch.slurm.job import SlurmJob, parse_sbatch_arg
 from scalerun.plan import variables
 from scalerun.plan.launch import exec_bind_words
@@ -122,6 +123,8 @@ def srun_groups(job: SlurmJob) -> list[list[Word]]:
     groups: list[list[Word]] = [["srun"]] + [[option] for option in options]
     if warned(job):
         groups.append(list(IGNORE_WARNING))
+    if job.prefix_lines:
+        groups.append(list(PREFIX_LINES))
     if job.container:
         groups.append(host_side_words(job))
         groups.append(list(exec_words(job.container)))
@@ -137,6 +140,15 @@ IGNORE_WARNING = ("bash", "-c", 'trap "" USR1; exec "$@"', "ignore-usr1")
 to every process of the step, and torchrun's agent, data-loader workers, the node sampler
 and programs that do not listen for it would die of it; scalerun ranks (and programs
 that do listen) install their own handler."""
+
+
+PREFIX_LINES = ("bash", "-c", f'p="{SRUN_PREFIX}"; exec "$@" > >(exec sed -u "s/^/$p/") '
+                f'2> >(exec sed -u "s/^/$p/" >&2)', "prefix-lines")
+"""Each task's stdout and stderr through ``sed``, which puts ``[rankN node]: `` in front of
+every line (issue 20, torch issue 75087): srun's ``--label`` says only the task number, and
+a job log of many nodes must say where a line came from. The task itself is the program
+(``exec``), so srun's signals and exit code are its own; ``sed -u`` writes each line as it
+comes."""
 
 
 def warned(job: SlurmJob) -> bool:
@@ -403,6 +415,7 @@ def _check_step(job: SlurmJob) -> list[str]:
         return []
     # no --site: the check resolves the launch's site as the ranks do (frozen in the run directory)
     check = replace(job, script=job.python, entry="executable", bind_workers=False,
+                    prefix_lines=False,  # its FAIL lines are read from the log as printed
                     script_args=("-c", CHECK_PROGRAM, *CHECK_ARGS))
     rendered = [" ".join(shell_quote(word) for word in group) for group in srun_groups(check)]
     return [
