@@ -42,8 +42,12 @@ RESUMED_AT = {4: ("zero3", "horovod"), 1: ("zero1", "zero2", "zero3", "horovod")
 BLOCKED = "zero2-unwritable"  # a copy of zero2 whose universal folder cannot be written
 RANKS_TIMEOUT_S = 600  # up to 4 processes starting DeepSpeed engines on 2 shared cores
 
-pytestmark = pytest.mark.skipif(not (HAS_DEEPSPEED and HAS_HOROVOD),
-                                reason="needs deepspeed and horovod (make extras)")
+pytestmark = [
+    pytest.mark.skipif(not (HAS_DEEPSPEED and HAS_HOROVOD),
+                       reason="needs deepspeed and horovod (make extras)"),
+    # The first test pays for the module's three launches: about 5 minutes on 2 busy cores.
+    pytest.mark.timeout(1200),
+]
 
 
 def cases(names: tuple[str, ...]) -> list[rr.Case]:
