@@ -46,8 +46,12 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: 
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(world: int, fn: Callable, *args: Any) -> list[Any]:
-    """Results of ``fn(ctx, *args)`` on each rank, in rank order; raises on any failure."""
+def run_ranks(world: int, fn: Callable, *args: Any, timeout_s: float | None = None) -> list[Any]:
+    """Results of ``fn(ctx, *args)`` on each rank, in rank order; raises on any failure.
+
+    ``timeout_s``: how long to wait for each rank's result (default ``TIMEOUT_S``; more
+    ranks than cores, each starting several DeepSpeed engines, need more).
+    """
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = free_port()
@@ -60,7 +64,7 @@ def run_ranks(world: int, fn: Callable, *args: Any) -> list[Any]:
     results: dict[int, Any] = {}
     try:
         for _ in range(world):
-            rank, status, value = queue.get(timeout=TIMEOUT_S)
+            rank, status, value = queue.get(timeout=timeout_s or TIMEOUT_S)
             if status != "ok":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             results[rank] = value

@@ -169,13 +169,21 @@ class DeepSpeedStrategy(Strategy):
             self._load(universal)
 
     def _convert_once(self, directory: Path, universal: Path, meta: Mapping[str, Any]) -> None:
-        """Rank 0 converts (once per checkpoint); every rank learns whether it worked."""
+        """Rank 0 converts (once per checkpoint: the result is kept beside it) while the
+        others wait in the broadcast; every rank learns whether it worked.
+
+        Whatever rank 0 meets is broadcast, not raised there alone: the ranks waiting on
+        a rank 0 that left would fail with gloo's "connection closed by peer" once it
+        exits (or wait for the timeout), with no word of why.
+        """
         failure: list[str | None] = [None]
         if self.ctx.rank == 0 and not (universal / CHECKPOINT_TAG).is_dir():
             try:
                 convert_to_universal(directory / CHECKPOINT_TAG, universal, meta, self.describe())
             except ScalerunError as error:
                 failure[0] = str(error)
+            except Exception as error:  # noqa: BLE001 - every rank must hear of it
+                failure[0] = conversion_failure(error, universal)
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(failure, src=0)
         if failure[0] is not None:
@@ -219,6 +227,16 @@ def _inner_torch_optimizer(ds_optimizer: Any) -> torch.optim.Optimizer | None:
     """The torch optimizer a DeepSpeed optimizer wraps (DeepSpeed built it from the config)."""
     inner = getattr(ds_optimizer, "optimizer", ds_optimizer)
     return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+
+def conversion_failure(error: Exception, universal: Path) -> str:
+    """The one line for a conversion that failed other than by DeepSpeed's own refusal."""
+    if isinstance(error, OSError):
+        return (f"cannot write DeepSpeed's universal checkpoint to {universal} ({error}); loading "
+                "at another world size or ZeRO stage converts the checkpoint beside itself: copy "
+                "the checkpoint folder to a writable place and load from there")
+    return (f"converting to DeepSpeed's universal checkpoint in {universal} failed "
+            f"({type(error).__name__}: {' '.join(str(error).split())})")
 
 
 def convert_to_universal(source: Path, universal_root: Path, meta: Mapping[str, Any], now: str) -> None:
