@@ -46,11 +46,13 @@ a user name of the benchmark's own keeps the user's folders out of it."""
 
 
 def first_step_s(script: Path, warm: Path, run: Path, slurm: bool) -> float:
-    env = {**os.environ, "USER": USER, "OMP_NUM_THREADS": "1"}
+    # the copy's folder comes from the environment (the job script keeps a value that is
+    # set: sbatch passes the submitting environment on)
+    env = {**os.environ, "USER": USER, "OMP_NUM_THREADS": "1", "SCALERUN_WARM_CACHE": str(warm)}
     where = (["--nodes", "1", "--gpus-per-node", "1", "--no-check", "--wait"] if slurm
              else ["--nproc-per-node", "1"])
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", *where, "--run-dir", str(run),
-                           "--env", f"SCALERUN_WARM_CACHE={warm}", str(script)],
+                           str(script)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     shutil.rmtree(f"/tmp/{USER}-scalerun-cache-local-node0", ignore_errors=True)  # a new node
     text = done.stdout + done.stderr + "".join(p.read_text() for p in run.glob("*.out"))
