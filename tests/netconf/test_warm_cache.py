@@ -176,3 +176,16 @@ def test_the_users_own_folders_and_kept_extensions_are_left_alone() -> None:
                 Setting("TORCH_EXTENSIONS_DIR", "/tmp/u/ext", "default", ""),
                 Setting("OMP_NUM_THREADS", "7", "topology", "")]
     assert targets_of(settings) == {"inductor": Path("/tmp/u-job/inductor")}
+
+
+def test_a_file_rewritten_in_place_is_saved_again(tmp_path: Path) -> None:
+    """Same size, new bytes and a new time: not taken for the saved file."""
+    warm = WarmCache(tmp_path / "warm", "k")
+    folders = node_folders(tmp_path / "j")
+    compiled(folders, inductor__a="old!")
+    save(warm, folders)
+    path = folders["inductor"] / "a"
+    path.write_text("new!")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert save(warm, folders).files == 1
+    assert (warm.folder / "files" / "inductor" / "a").read_text() == "new!"

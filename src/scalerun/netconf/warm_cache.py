@@ -214,7 +214,8 @@ def save(warm: WarmCache, targets: Mapping[str, Path]) -> Outcome:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
             manifest["files"][relative] = {"size": target.stat().st_size,  # type: ignore[index]
-                                           "sha256": _sha256(target)}
+                                           "sha256": _sha256(target),
+                                           "mtime_ns": path.stat().st_mtime_ns}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         old = warm.root / f".old-{warm.key}-{os.getpid()}"
         if warm.folder.exists():
@@ -228,7 +229,9 @@ def save(warm: WarmCache, targets: Mapping[str, Path]) -> Outcome:
 
 
 def _unchanged(warm: WarmCache, listed: Mapping[str, Path]) -> bool:
-    """The copy holds exactly these files already (sizes and hashes)."""
+    """The copy holds exactly these files already. A file whose size and modification
+    time match the manifest's is taken as unchanged without hashing it (a restore keeps
+    the times), so a launch whose node cache is large and already saved stays quick."""
     try:
         manifest = json.loads((warm.folder / MANIFEST).read_text())
         recorded = manifest["files"]
@@ -236,8 +239,13 @@ def _unchanged(warm: WarmCache, listed: Mapping[str, Path]) -> bool:
         return False
     if set(recorded) != set(listed):
         return False
-    return all(recorded[r].get("size") == p.stat().st_size and recorded[r].get("sha256") == _sha256(p)
-               for r, p in listed.items())
+    for relative, path in listed.items():
+        entry, stat = recorded[relative], path.stat()
+        if entry.get("size") != stat.st_size:
+            return False
+        if entry.get("mtime_ns") != stat.st_mtime_ns and entry.get("sha256") != _sha256(path):
+            return False
+    return True
 
 
 def copies(root: Path) -> list[tuple[str, int, float]]:
