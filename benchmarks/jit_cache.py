@@ -48,7 +48,11 @@ a user name of the benchmark's own keeps the user's folders out of it."""
 def first_step_s(script: Path, warm: Path, run: Path, slurm: bool) -> float:
     # the copy's folder comes from the environment (the job script keeps a value that is
     # set: sbatch passes the submitting environment on)
-    env = {**os.environ, "USER": USER, "OMP_NUM_THREADS": "1", "SCALERUN_WARM_CACHE": str(warm)}
+    from scalerun.netconf.caches import CACHE_VARIABLES
+
+    own = {name for name, _, _ in CACHE_VARIABLES}  # a folder set here would be the user's
+    env = {**{k: v for k, v in os.environ.items() if k not in own},
+           "USER": USER, "OMP_NUM_THREADS": "1", "SCALERUN_WARM_CACHE": str(warm)}
     where = (["--nodes", "1", "--gpus-per-node", "1", "--no-check", "--wait"] if slurm
              else ["--nproc-per-node", "1"])
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", *where, "--run-dir", str(run),

@@ -278,7 +278,11 @@ def test_checkpoint_folder_is_self_describing(checkpoints: Path) -> None:
     meta = json.loads((directory / pointer / "meta.json").read_text())
     assert pointer == "step-00000002"
     assert meta["strategy"] == "ddp" and meta["world_size"] == 2 and meta["step"] == 2
-    assert meta["loader"] == {"epoch": 0, "batch": HALF, "batch_size": sr.BATCH}
+    assert meta["loader"] == {"epoch": 0, "batch": HALF, "batch_size": sr.BATCH,
+                              # what a resume at another size is judged by (continuation.py)
+                              "accumulation": 2, "global_batch": sr.BATCH * 2 * 2,
+                              "sampler": "scalerun", "drop_last": False,
+                              "samples": sr.SAMPLES, "shuffle": True, "seed": 3}
     files = sorted(p.name for p in (directory / pointer).iterdir())
     assert files == ["loop.pt", "meta.json", "model.pt", "optimizer.pt", "rank-00000.pt", "rank-00001.pt"]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.netconf.caches import CACHE_VARIABLES
 from scalerun.plan import variables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +44,14 @@ def script(folder: Path, calls_init: bool) -> Path:
     return path
 
 
+def without_cache_folders(environ: dict[str, str]) -> dict[str, str]:
+    """The environment without cache folders of its own: a folder set there is the user's,
+    which scalerun neither fills nor saves (an in-process init() of another test in this
+    pytest process may have exported some)."""
+    names = {name for name, _, _ in CACHE_VARIABLES}
+    return {name: value for name, value in environ.items() if name not in names}
+
+
 def counts(output: str) -> list[tuple[int, int]]:
     return [(int(h), int(m)) for h, m in re.findall(r"fxgraph hits (\d+) misses (\d+)", output)]
 
@@ -53,7 +62,7 @@ def test_a_local_job_restores_what_the_last_one_saved(tmp_path: Path, calls_init
     user = f"warmtest{os.getpid()}{int(calls_init)}"
     node_root = Path(f"/tmp/{user}-scalerun-cache-local-node0")
     warm = tmp_path / "warm"
-    env = {**os.environ, "USER": user, variables.WARM_CACHE: str(warm)}
+    env = {**without_cache_folders(dict(os.environ)), "USER": user, variables.WARM_CACHE: str(warm)}
     train = script(tmp_path, calls_init)
 
     def launch(*flags: str) -> str:
@@ -86,7 +95,8 @@ def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "1",
                            "--no-warm-cache", "--run-dir", str(tmp_path / "run"), "quick.py"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env={**os.environ, "USER": user, variables.WARM_CACHE: str(warm)})
+                          env={**without_cache_folders(dict(os.environ)), "USER": user,
+                               variables.WARM_CACHE: str(warm)})
     shutil.rmtree(f"/tmp/{user}-scalerun-cache-local-node0", ignore_errors=True)
     assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-2000:]
     assert "warm JIT cache" not in done.stdout + done.stderr
@@ -105,7 +115,8 @@ def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path) -> None:
             [sys.executable, "-m", "scalerun", "launch", "--nodes", "1", "--gpus-per-node", "1",
              "--no-check", "--wait", "--run-dir", str(run),
              "--env", f"{variables.WARM_CACHE}={warm}", str(train)],
-            capture_output=True, text=True, cwd=REPO, env=slurm_cluster.env, timeout=600)
+            capture_output=True, text=True, cwd=REPO, env=without_cache_folders(slurm_cluster.env),
+            timeout=600)
         log = "".join(p.read_text() for p in run.glob("*.out")) if run.is_dir() else ""
         outputs.append(log)  # the job's log (--wait also shows it)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
