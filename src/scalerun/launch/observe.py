@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,35 @@ def stop_straggler_watch(watch: Any) -> None:
 # ---------------------------------------------------------------------------
 # After the ranks: what the run directory says
 # ---------------------------------------------------------------------------
+
+
+def run_observed(observe: ObserveRequest, what: Mapping[str, Any], environ: Mapping[str, str],
+                 run: Callable[[], tuple[int, str | None]], *, first_node: bool = True,
+                 after_ranks: Callable[[], None] | None = None) -> int:
+    """A launch with its run directory, node sampler, straggler watch, trackers' report and
+    closing lines, around ``run`` (which starts the ranks and returns their exit code and
+    failure line); the same for every backend that runs ranks on this machine.
+
+    ``after_ranks`` runs once the ranks ended, before anything is printed."""
+    from scalerun.launch.trackers import attach_report
+
+    prepare_run_dir(observe, what)
+    print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
+    sampler = start_sampler(observe.run_dir, os.getpid(), environ)
+    watch = start_straggler_watch(observe.run_dir, first_node=first_node)
+    code, failure, start = 1, None, time.time()
+    try:
+        code, failure = run()
+    finally:
+        stop_sampler(sampler)
+        stop_straggler_watch(watch)
+        if after_ranks is not None:
+            after_ranks()
+        for line in attach_report(observe.run_dir, observe.trackers):
+            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
+            print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def closing_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:

@@ -15,23 +15,14 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local import start, tail
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob
-from scalerun.launch.observe import (
-    closing_lines,
-    prepare_run_dir,
-    start_sampler,
-    start_straggler_watch,
-    stop_sampler,
-    stop_straggler_watch,
-)
+from scalerun.launch.observe import run_observed
 from scalerun.launch.prefix import fill_node, short_node
-from scalerun.launch.trackers import attach_report
 from scalerun.placement import node_name
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
@@ -71,24 +62,12 @@ def _observed(job: LocalJob) -> int:
     """The launch with its run directory, node sampler, straggler watch and closing summary."""
     observe, plan = job.observe, job.plan
     assert observe is not None
-    prepare_run_dir(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
-                              "nnodes": plan.nodes, "script": plan.program.script,
-                              "script_args": list(plan.program.args)})
-    print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
-    sampler = start_sampler(observe.run_dir, os.getpid(), os.environ)
-    watch = start_straggler_watch(observe.run_dir, first_node=plan.request.local.node_rank == 0)
-    code, failure, start = 1, None, time.time()
-    try:
-        code, failure = _run(job)
-    finally:
-        stop_sampler(sampler)
-        stop_straggler_watch(watch)
-        _save_warm_cache(job)
-        for line in attach_report(observe.run_dir, observe.trackers):
-            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
-            print(line, file=sys.stderr, flush=True)
-    return code
+    return run_observed(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
+                                  "nnodes": plan.nodes, "script": plan.program.script,
+                                  "script_args": list(plan.program.args)},
+                        os.environ, lambda: _run(job),
+                        first_node=plan.request.local.node_rank == 0,
+                        after_ranks=lambda: _save_warm_cache(job))
 
 
 def _run(job: LocalJob) -> tuple[int, str | None]:

@@ -10,7 +10,6 @@ go on to mpirun, which passes SIGTERM to every rank (scalerun ranks save to
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,15 +26,7 @@ from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
 from scalerun.launch.mpirun.job import MpirunJob, mpirun_argv, rankfile_text
 from scalerun.launch.mpirun.output import MpirunMessages, RankLines, failure_line
-from scalerun.launch.observe import (
-    closing_lines,
-    prepare_run_dir,
-    start_sampler,
-    start_straggler_watch,
-    stop_sampler,
-    stop_straggler_watch,
-)
-from scalerun.launch.trackers import attach_report
+from scalerun.launch.observe import run_observed
 from scalerun.plan.launch import rank_environment
 from scalerun.redact import redact_words, secret_values
 
@@ -51,23 +41,10 @@ def run_mpirun(job: MpirunJob, environ: Mapping[str, str]) -> int:
         if failure:
             print(failure, file=sys.stderr, flush=True)
         return code
-    prepare_run_dir(observe, {"launcher": "mpirun", "nproc_per_node": job.nproc, "nnodes": 1,
-                              "script": job.plan.program.script,
-                              "script_args": list(job.plan.program.args)})
-    print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
-    sampler = start_sampler(observe.run_dir, os.getpid(), env)
-    watch = start_straggler_watch(observe.run_dir)
-    code, failure, start = 1, None, time.time()
-    try:
-        code, failure = _with_rankfile(job, env)
-    finally:
-        stop_sampler(sampler)
-        stop_straggler_watch(watch)
-        for line in attach_report(observe.run_dir, observe.trackers):
-            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
-            print(line, file=sys.stderr, flush=True)
-    return code
+    return run_observed(observe, {"launcher": "mpirun", "nproc_per_node": job.nproc, "nnodes": 1,
+                                  "script": job.plan.program.script,
+                                  "script_args": list(job.plan.program.args)},
+                        env, lambda: _with_rankfile(job, env))
 
 
 def check_open_mpi(environ: Mapping[str, str]) -> None:
