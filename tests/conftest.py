@@ -14,12 +14,14 @@ no GPU.
 from __future__ import annotations
 
 import atexit
+import compileall
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,15 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CUDA and HIP both read it; set before
 os.environ.pop("HIP_VISIBLE_DEVICES", None)
 os.environ.pop("ROCR_VISIBLE_DEVICES", None)
 
+
+# Compiled once. Machines like CI's set PYTHONDONTWRITEBYTECODE=1: then every process a
+# test starts (hundreds of launchers, ranks, `scalerun exec`s) would compile scalerun's
+# modules from source again, about 0.1 s of CPU each time, where an installed wheel's are
+# compiled by pip once. compileall writes the cached files whatever that variable says,
+# and skips those already up to date. pytest's rewritten test modules are cached likewise
+# (its rewriter asks sys.dont_write_bytecode as each test module loads).
+compileall.compile_dir(Path(__file__).resolve().parents[1] / "src", quiet=2)
+sys.dont_write_bytecode = False
 
 # Launches made by tests put their default run directories here, not in the checkout.
 RUNS = tempfile.mkdtemp(prefix="scalerun-test-runs-")

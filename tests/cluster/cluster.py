@@ -103,12 +103,18 @@ class ClusterSpec:
 # --- configuration text (pure) -------------------------------------------------------
 
 
-def slurm_conf_text(spec: ClusterSpec) -> str:
-    """Render slurm.conf: root everywhere, no cgroups, no accounting, one port per node."""
+def slurm_conf_text(spec: ClusterSpec, first_job_id: int = 1) -> str:
+    """Render slurm.conf: root everywhere, no cgroups, no accounting, one port per node.
+
+    ``first_job_id``: where this start's job ids begin. A real cluster never gives a job
+    id twice; this one starts afresh many times on one machine, and what a job leaves in
+    /tmp under its id (the per-node JIT cache folders, ``/tmp/$USER-scalerun-cache-$SLURM_JOB_ID-node0``)
+    would greet the next start's job of the same id as if it were its own."""
     root = spec.root
     lines = [
         "# Written by tests/cluster/cluster.py; regenerated on every 'up'.",
         "ClusterName=scalerun-test",
+        f"FirstJobId={first_job_id}",
         f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
         f"SlurmctldPort={spec.controller_port}",
         "SlurmUser=root",
@@ -287,7 +293,10 @@ def make_fake_gpus(spec: ClusterSpec) -> None:
 def write_config(spec: ClusterSpec) -> None:
     for sub in ("etc", "state", "spool", "run", "log", "dev"):
         (spec.root / sub).mkdir(parents=True, exist_ok=True)
-    spec.conf.write_text(slurm_conf_text(spec))
+    # a new range of job ids at every start: tenths of a second since 2026, below SLURM's
+    # largest job id (67,043,328); the range comes round again every 77 days
+    first_job_id = 1000 + int((time.time() - 1_767_225_600) * 10) % 67_000_000
+    spec.conf.write_text(slurm_conf_text(spec, first_job_id))
     (spec.root / "etc" / "gres.conf").write_text(gres_conf_text(spec))
 
 

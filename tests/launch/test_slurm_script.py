@@ -611,6 +611,15 @@ CPU_BIND_CASES = [
     ({"SLURMD_NODENAME": "nid1"}, LUMI_ALLOWED, LUMI_MASKS),
     ({}, LUMI_ALLOWED, ""),  # an salloc shell, maybe on a login node
     ({"SLURMD_NODENAME": "nid1", "SLURM_CPUS_ON_NODE": "14"}, LUMI_ALLOWED, ""),  # not confined
+    # several nodes: whole ones (every CPU but the site's reserved) share one set of masks...
+    ({"SLURMD_NODENAME": "nid1", "SLURM_CPUS_ON_NODE": "112", "SLURM_JOB_NUM_NODES": "2"},
+     LUMI_ALLOWED, LUMI_MASKS),
+    # ...parts of nodes do not: SLURM may give the job other CPUs on the next node, and srun
+    # refuses a mask naming a CPU the step lacks there ("Unable to satisfy cpu bind request")
+    # (cores 1-7 and their threads 65-71 are another job's; tests/plan/test_rank.py has the
+    # partial node of a one-node job, whose masks are the job's)
+    ({"SLURMD_NODENAME": "nid1", "SLURM_CPUS_ON_NODE": "98", "SLURM_JOB_NUM_NODES": "2"},
+     LUMI_ALLOWED - {*range(8), *range(64, 72)}, ""),
 ]
 
 

@@ -62,11 +62,19 @@ def train(run_dir: Path, stop: threading.Event) -> None:
     log.close()
 
 
+def view_env(base: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The view's environment: scalerun importable, a colour terminal, and no COLUMNS or
+    LINES. Those would win over the pseudo-terminal's size (rich reads them first), and
+    pytest-xdist's workers have them set to 80x24: the view must size itself by its pty."""
+    env = {k: v for k, v in base.items() if k not in ("COLUMNS", "LINES")}
+    env.update(PYTHONPATH=SRC + os.pathsep + base.get("PYTHONPATH", ""), TERM="xterm-256color")
+    return env
+
+
 def spawn_view(run_dir: Path, sigint: signal.Handlers = signal.SIG_DFL) -> pexpect.spawn:
     """The view in a pseudo-terminal; ``sigint``: SIGINT's disposition it starts with
     (ignored is what a job started with ``&`` from a script inherits)."""
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TERM": "xterm-256color"}
+    env = view_env(os.environ)
     return pexpect.spawn(sys.executable, ["-c", VIEW, str(run_dir), "--interval", "0.3"],
                          env=env, dimensions=(40, 180), timeout=20,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))

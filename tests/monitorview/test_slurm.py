@@ -82,9 +82,9 @@ def test_jobs_that_cannot_be_watched_are_one_line(slurm_cluster, tmp_path, capsy
 def test_the_live_view_of_a_job_stops_its_step_on_q(slurm_cluster, sleeping_job, tmp_path) -> None:
     import pexpect
 
-    from tests.monitorview.test_live import SRC, VIEW
+    from tests.monitorview.test_live import VIEW, view_env
 
-    env = {**slurm_cluster.env, "PYTHONPATH": SRC, "TERM": "xterm-256color"}
+    env = view_env(slurm_cluster.env)
     view = pexpect.spawn(sys.executable, ["-c", VIEW, sleeping_job, "--interval", "0.5"],
                          env=env, cwd=str(tmp_path), dimensions=(40, 180), timeout=30)
     try:

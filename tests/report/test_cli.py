@@ -96,3 +96,28 @@ def test_the_module_entry_point_gives_one_line_and_exit_2(tmp_path: Path) -> Non
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_attach_adds_the_report_to_the_runs_rank_0_recorded(tmp_path: Path, capsys) -> None:
+    """What a SLURM job's script does last (``--track``): the report goes to each tracker
+    run named in RUN_DIR/trackers.json; here TensorBoard's, read back with TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = write_job(tmp_path / "run", SLOW)
+    board = run / "tensorboard" / "rank-0"
+    (run / "trackers.json").write_text(json.dumps({"tensorboard": {"dir": str(board)}}))
+    code, out, err = report(capsys, run, "--attach")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == f"scalerun report: tensorboard: report attached to its text tab ({board})"
+    events = EventAccumulator(str(board), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("report/text_summary")
+    assert "rank 5 on nid005530 is 30 % slower" in text.tensor_proto.string_val[0].decode()
+
+
+def test_attach_without_tracker_runs_says_so_and_succeeds(tmp_path: Path, capsys) -> None:
+    run = write_job(tmp_path / "run", SLOW)
+    code, out, _ = report(capsys, run, "--attach")
+    assert code == 0 and (run / "report.md").is_file()
+    assert out.splitlines()[-1] == ("scalerun report: --attach: rank 0 started no tracker run (it logged "
+                                    "no step through scalerun.log or wrap(), or said above why not)")

@@ -96,6 +96,9 @@ def srun_cpu_bind_here(
     ``SLURM_CPUS_ON_NODE``; elsewhere, or in an ``salloc`` shell on a login node, masks
     planned here could name CPUs the job does not have, so binding is left to SLURM.
     The CPUs are cut to the cgroup cpuset where one is found (the job's, on that node).
+    A job of several nodes that holds only part of them is left to SLURM too: SLURM may
+    give it other CPUs on each node (another job holds CPU 0 there), and srun refuses a
+    mask that names a CPU the step lacks on any node.
     The site (``$SCALERUN_SITE``, exported by the job script) decides reserved cores;
     ``$SCALERUN_HYPERTHREADS`` (``--hyperthreads``) adds sibling threads, and SLURM's GPU
     lists the GPUs a partial node's ranks share out, as the ranks' own plans do.
@@ -117,10 +120,18 @@ def srun_cpu_bind_here(
             "node (not confined by SLURM): CPU binding left to SLURM"
         )
     try:
-        _, node = plan_this_node(ranks_per_node, environ=environ,
-                                 allowed_cpus=",".join(map(str, sorted(allowed))))
+        topology, node = plan_this_node(ranks_per_node, environ=environ,
+                                        allowed_cpus=",".join(map(str, sorted(allowed))))
     except ScalerunError as error:
         return "", f"no binding plan ({error}); CPU binding left to SLURM"
+    nodes = environ.get("SLURM_JOB_NUM_NODES", "1").strip()
+    # cores the job has no thread of, but for the site's reserved ones (nobody's)
+    lacking = [core for core in topology.cores if not (set(core.threads) & (allowed | node.reserved.cpus))]
+    if nodes.isdigit() and int(nodes) > 1 and lacking:
+        return "", (
+            f"the job lacks {len(lacking)} of this node's cores, and the CPUs it has on its other "
+            "nodes may be others (srun would refuse masks they lack): CPU binding left to "
+            "SLURM; whole nodes (--exclusive) get the planned masks")
     plan = node.binding
     return node.srun_cpu_bind, "; ".join((*plan.reasons, *plan.warnings, f"reserved: {node.reserved.reason}"))
 

@@ -45,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help=f"steps left out at the start of each rank's log (default {WARMUP_STEPS})")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="write report.md, report.html and report/ here (default RUN_DIR)")
+    p.add_argument("--attach", action="store_true",
+                   help="also add the report to the experiment-tracker runs rank 0 recorded "
+                        "(--track; RUN_DIR/trackers.json): what a SLURM job's script does last")
     p.set_defaults(func=run)
     return p
 
@@ -60,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
              "timelines": [str(p) for p in written.timelines], "charts": [str(p) for p in written.charts]}
     if args.json:
         print(json.dumps(report_json(written.report, files), indent=2))
-        return 0
-    print_report(written)
+    else:
+        print_report(written)
+    if args.attach:
+        from scalerun.launch.trackers import attach_report
+
+        for line in attach_report(args.run_dir, None, written):
+            print(f"scalerun report: {line}", file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0
 
 

@@ -8,7 +8,8 @@ after the ranks). Rank 0 keeps the tracker runs, and writes how to find them aga
 ``RUN_DIR/trackers.json``; after the job the launcher writes the report and hands it to
 each tracker's ``attach`` (MLflow's client logs artifacts to a finished run by its id; W&B
 resumes the run by its id; TensorBoard adds a text). The run's exit code never depends on
-it: a failure here is one line.
+it: a failure here is one line. A SLURM job's script does the same as its last step
+(``scalerun report RUN_DIR --attach``), so that a job nobody waits for gets its report too.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scalerun.errors import LaunchError
 from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan
+
+if TYPE_CHECKING:
+    from scalerun.report.write import ReportFiles
 
 
 def check_packages(plan: LaunchPlan) -> None:
@@ -38,22 +43,27 @@ def check_packages(plan: LaunchPlan) -> None:
                           f"{name}; {install_hint(name)}")
 
 
-def attach_report(run_dir: Path, trackers: Sequence[str]) -> list[str]:
-    """Write the job report and add it to every tracker run rank 0 recorded; the lines to
-    print (never raises: the run has ended, whatever happens here)."""
-    if not trackers:
+def attach_report(run_dir: Path, trackers: Sequence[str] | None,
+                  written: ReportFiles | None = None) -> list[str]:
+    """Write the job report (unless ``written`` is it) and add it to every tracker run rank 0
+    recorded; the lines to print (never raises: the run has ended, whatever happens here).
+    ``trackers``: those the launch asked for (none: nothing to do), or None for whichever
+    rank 0 recorded (``scalerun report --attach``, the SLURM script's last step)."""
+    if trackers is not None and not trackers:
         return []
     try:
         runs = json.loads((run_dir / variables.TRACKERS_FILE).read_text())
     except (OSError, ValueError):
-        return [f"--track {','.join(trackers)}: rank 0 started no tracker run (it logged no step "
+        asked = f"--track {','.join(trackers)}" if trackers else "--attach"
+        return [f"{asked}: rank 0 started no tracker run (it logged no step "
                 "through scalerun.log or wrap(), or said above why not)"]
-    try:
-        from scalerun.report import write_report
+    if written is None:
+        try:
+            from scalerun.report import write_report
 
-        written = write_report(run_dir)
-    except Exception as error:  # the report's own one-line errors included
-        return [f"--track: the report was not attached, it could not be written: {error}"]
+            written = write_report(run_dir)
+        except Exception as error:  # the report's own one-line errors included
+            return [f"--track: the report was not attached, it could not be written: {error}"]
     files = [written.markdown, written.html, *written.timelines, *written.charts]
     return [attach_one(name, identity, run_dir, files) for name, identity in runs.items()]
 

@@ -17,10 +17,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from scalerun.launch.mpirun.job import MODE, MpirunJob, make_job, show
 from scalerun.plan.launch import LaunchPlan
 from scalerun.plan.request import LaunchRequest
+
+if TYPE_CHECKING:
+    from scalerun.launch.mpirun.job import MpirunJob
+
+MODE = "mpirun"
+"""``--mode mpirun``. The backend's modules load only when it carries a launch out: every
+launch asks each backend whether it takes it, and a local launch should not pay for this
+one's (issue 20's lean launch)."""
 
 
 @dataclass(frozen=True)
@@ -37,12 +45,14 @@ class MpirunBackend:
         """Reads this node's binding plan and whether the launch runs as root; the job
         itself is pure (:func:`.job.make_job`)."""
         from scalerun.launch.mpirun.binding import node_binding
-        from scalerun.launch.mpirun.job import refuse_unsupported
+        from scalerun.launch.mpirun.job import make_job, refuse_unsupported
 
         refuse_unsupported(plan)  # before reading the node: a refusal needs no plan of it
         return make_job(plan, node_binding(plan, os.environ), as_root=os.geteuid() == 0)
 
     def show(self, job: MpirunJob) -> str:
+        from scalerun.launch.mpirun.job import show
+
         return show(job)
 
     def run(self, job: MpirunJob, environ: Mapping[str, str]) -> int:

@@ -29,7 +29,6 @@ from scalerun.plan.request import LaunchRequest, SlurmOptions
 from scalerun.shell import ShellRef, Word, shell_quote
 from scalerun.topology.cpulist import format_cpulist
 
-MODE = "mpirun"
 RANKFILE = "mpirun.rankfile"
 """The rankfile in the run directory. Only this backend writes it and only mpirun reads
 it, so its name lives here rather than among the names that plan and runtime share."""

@@ -4,6 +4,7 @@ It takes every launch that names a SLURM flag (``--nodes``, ``--site``, ``--part
 ``--container``, ``--dry-run``, ...) or one of its modes: ``srun`` (one task per GPU, the
 default) and ``torchrun`` (one task per node that starts the node's ranks).
 
+- :mod:`.modes`: its modes (the backend loads the others only to carry a launch out);
 - :mod:`.job`: the plan plus the SLURM-only parts (``#SBATCH`` resources, the time
   limit's warning, modules, set-up), flag > site > default (pure);
 - :mod:`.render`: the job as ``srun`` words and script text (pure, deterministic);
@@ -15,11 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from scalerun.launch.slurm.job import MODES, SlurmJob, make_job
-from scalerun.launch.slurm.render import render_sbatch
+from scalerun.launch.slurm.modes import MODES
 from scalerun.plan.launch import LaunchPlan
 from scalerun.plan.request import LaunchRequest
+
+if TYPE_CHECKING:
+    from scalerun.launch.slurm.job import SlurmJob
+
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,13 @@ class SlurmBackend:
                 or (request.mode is None and request.dry_run))
 
     def make_job(self, plan: LaunchPlan) -> SlurmJob:
+        from scalerun.launch.slurm.job import make_job
+
         return make_job(plan)
 
     def show(self, job: SlurmJob) -> str:
+        from scalerun.launch.slurm.render import render_sbatch
+
         return render_sbatch(job)
 
     def run(self, job: SlurmJob, environ: Mapping[str, str]) -> int:

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.launch.slurm.modes import MODES
 from scalerun.plan import variables
 from scalerun.plan.launch import ContainerEntry, LaunchPlan, RankVariable
 from scalerun.plan.request import ENTRIES, Pairs, SlurmOptions
 from scalerun.sites.profile import ENV_NAME_RE, MEMORY_RE, TIME_RE
 
-MODES = ("srun", "torchrun")
 # What an #SBATCH value may hold unquoted (node lists, %j patterns, constraints a&b|c).
 SBATCH_BARE = re.compile(r"[A-Za-z0-9_.,:/=+%@\-\[\]*&|!^~]+")
 SBATCH_ARG = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.*))?", re.DOTALL)
@@ -290,6 +290,9 @@ class SlurmJob:
     """Where the job script, its log and the stop file go (the launch's run directory)."""
     wait: bool = False
     """After submitting, follow the job to its end and return its exit code (``--wait``)."""
+    trackers: tuple[str, ...] = ()
+    """``--track``: the script's last step writes the job report and attaches it to the
+    trackers' runs, whether or not anyone waits for the job."""
     plan: LaunchPlan | None = field(default=None, compare=False, repr=False)
     """The plan the job carries out (None for a job written by hand, as tests do)."""
 
@@ -366,6 +369,7 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         preemption=stop,
         run_dir=job_run_dir(plan),
         wait=slurm.wait,
+        trackers=observe.trackers if observe is not None else (),
         plan=plan,
     )
 

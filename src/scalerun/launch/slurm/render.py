@@ -356,9 +356,12 @@ def _warning_trap(job: SlurmJob) -> str:
 def _training_step(job: SlurmJob, command: str) -> list[str]:
     """The srun command; with the warning, run in the background (bash runs a trap only
     between commands, and a wait cut short by one returns 128+10), then requeued or
-    ended cleanly when the ranks stopped with a checkpoint."""
+    ended cleanly when the ranks stopped with a checkpoint. With ``--track``, the report
+    step follows it whatever its exit code, and the script ends with the step's code."""
     if not warned(job):
-        return [command]
+        if not job.trackers:
+            return [command]
+        return ["code=0", f"{command} || code=$?", *_attach_step(job), 'exit "$code"']
     assert job.preemption is not None
     lines = [
         f"{command} &",
@@ -368,6 +371,7 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
         '    wait "$step" || code=$?',
         "    (( signalled && code > 128 )) || break  # the trap interrupted the wait: wait again",
         "done",
+        *_attach_step(job),
         "if [[ -f $STOPPED ]]; then",
     ]
     if job.preemption.requeue:
@@ -383,6 +387,20 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
             'checkpoint $(<"$STOPPED"); submit this script again to continue"'
         )
     return lines + ["    exit 0", "fi", 'exit "$code"']
+
+
+def _attach_step(job: SlurmJob) -> list[str]:
+    """``--track``: once every rank has ended (srun has returned, the node samplers with
+    it), the job report goes to the trackers' runs rank 0 recorded. The script does it,
+    not the launcher: a job submitted without ``--wait`` has no launcher left to do it.
+    It never changes the job's exit code."""
+    if not job.trackers:
+        return []
+    report = [job.host_python, "-m", "scalerun", "report", str(job.run_dir or "."), "--attach"]
+    return [
+        "# --- --track: the job report to the trackers' runs, once every rank has ended ---",
+        " ".join(shell_quote(word) for word in report) + " || true",
+    ]
 
 
 CHECK_FAILED = "scalerun: the check failed"

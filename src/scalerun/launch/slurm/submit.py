@@ -30,7 +30,6 @@ from scalerun.launch.slurm.render import (
     render_sbatch,
     secret_handoff,
 )
-from scalerun.launch.trackers import attach_report
 from scalerun.plan import variables
 
 FINAL_STATES = {
@@ -259,21 +258,12 @@ def _run_inside(job: SlurmJob, script: Path, env: Mapping[str, str]) -> int:
     code, stderr = run_in_allocation(script, env)
     for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
         print(f"scalerun launch: {line}", flush=True)
-    attach_to_trackers(job, script.parent)
     if code:
         why, *more = failure_lines(stderr, script.parent, started)
         print(f"scalerun launch: step failed (exit code {code}): {why}", file=sys.stderr)
         for line in more:
             print(f"scalerun launch: {line}", file=sys.stderr)
     return code
-
-
-def attach_to_trackers(job: SlurmJob, run_dir: Path) -> None:
-    """``--track``: the job report to the trackers' runs, where this launcher saw the job
-    end (inside an allocation, or with ``--wait``)."""
-    observe = job.plan.observe if job.plan is not None else None
-    for line in attach_report(run_dir, observe.trackers if observe is not None else ()):
-        print(f"scalerun launch: {line}", flush=True)
 
 
 def _log_path(pattern: str, job_id: str, job_name: str) -> Path:
@@ -295,7 +285,6 @@ def _submit(job: SlurmJob, script: Path, env: Mapping[str, str], wait: bool) -> 
     end = follow(job_id, log, env)
     for line in findings(script.parent):  # --debug nccl: what the libraries' logs say
         print(f"scalerun launch: {line}", flush=True)
-    attach_to_trackers(job, script.parent)
     if end.state != "COMPLETED":
         logs = [log] + ([_log_path(res.error, job_id, res.job_name)] if res.error else [])
         text = "".join(path.read_text(errors="replace") for path in logs if path.is_file())
