@@ -43,12 +43,11 @@ extras: $(VENV)/.extras
 demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
-# TEST_WORKERS=auto (or N) runs the tests in parallel (pytest-xdist); a group of tests that
-# share a cluster or a module's fixture runs on one worker (tests/conftest.py). The default
-# is 0, one after the other in this process: under xdist tests/monitorview/test_live.py's
-# view never shows its GPU table, and two-rank gloo launches started at once have failed
-# in connectFullMesh on this 2-core machine; parallel is opt-in until both are understood.
-TEST_WORKERS ?= 0
+# The tests run in parallel (pytest-xdist), one worker per CPU (TEST_WORKERS=auto; 0 runs
+# them one after the other in this process). A group of tests that share the SLURM test
+# cluster or a module's fixture runs on one worker (tests/conftest.py); the SLURM group is
+# the longest (docs/results.md has the suite's times).
+TEST_WORKERS ?= auto
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts

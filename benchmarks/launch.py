@@ -284,9 +284,22 @@ def run_whole(command: list[str], workdir: Path) -> tuple[float, float]:
     return wall, children_cpu_s() - cpu_before
 
 
+def compile_scalerun() -> None:
+    """Compile scalerun's modules, as pip does when it installs the wheel (torch's were at
+    its install). An editable install under PYTHONDONTWRITEBYTECODE=1 (set on this
+    project's machines) would compile them from source at every launch, which no user's
+    install does; the warm-up runs cannot write them there."""
+    import compileall
+
+    import scalerun
+
+    compileall.compile_dir(Path(scalerun.__file__).parent, quiet=1)
+
+
 def run_trivial_pairs(ranks: int, pairs: int, warmup: int) -> list[dict]:
     """One dict per timed pair: each launcher's wall and CPU seconds, the load before it."""
     rows = []
+    compile_scalerun()
     with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp:
         workdir = Path(tmp)
         script = workdir / "trivial.py"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -117,6 +118,48 @@ def stop_straggler_watch(watch: Any) -> None:
         watch.stop()
 
 
+WATCH_AFTER_S = 1.0
+"""The node sampler and the straggler watch start this long after the ranks. What they
+would see first is the ranks importing their libraries, and their own start (a Python
+process for the sampler, the watch's modules) takes CPU from those ranks on a small
+machine: a run shorter than this gets neither, and starts and ends as fast as under
+torchrun (issue 20's lean launch, ``benchmarks/launch.py --trivial``)."""
+
+
+class Watchers:
+    """The node sampler and the straggler watch of a launch on this machine, started
+    :data:`WATCH_AFTER_S` after the ranks (from a timer thread) unless stopped first."""
+
+    def __init__(self, run_dir: Path, environ: Mapping[str, str], *, first_node: bool) -> None:
+        self.run_dir, self.environ, self.first_node = run_dir, environ, first_node
+        self.sampler: Any = None
+        self.watch: Any = None
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._timer = threading.Timer(WATCH_AFTER_S, self._start)
+        self._timer.daemon = True
+
+    def start(self) -> Watchers:
+        self._timer.start()
+        return self
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self.sampler = start_sampler(self.run_dir, os.getpid(), self.environ)
+            self.watch = start_straggler_watch(self.run_dir, first_node=self.first_node)
+
+    def stop(self) -> None:
+        """Stop both (after the watch's last read, so the closing summary sees every
+        event); a run that ended before they started never starts them."""
+        self._timer.cancel()
+        with self._lock:
+            self._stopped = True
+        stop_sampler(self.sampler)
+        stop_straggler_watch(self.watch)
+
+
 # ---------------------------------------------------------------------------
 # After the ranks: what the run directory says
 # ---------------------------------------------------------------------------
@@ -134,14 +177,12 @@ def run_observed(observe: ObserveRequest, what: Mapping[str, Any], environ: Mapp
 
     prepare_run_dir(observe, what)
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
-    sampler = start_sampler(observe.run_dir, os.getpid(), environ)
-    watch = start_straggler_watch(observe.run_dir, first_node=first_node)
+    watchers = Watchers(observe.run_dir, environ, first_node=first_node).start()
     code, failure, start = 1, None, time.time()
     try:
         code, failure = run()
     finally:
-        stop_sampler(sampler)
-        stop_straggler_watch(watch)
+        watchers.stop()
         if after_ranks is not None:
             after_ranks()
         for line in attach_report(observe.run_dir, observe.trackers):
