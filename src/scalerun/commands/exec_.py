@@ -125,8 +125,8 @@ def srun_cpu_bind_here(
     except ScalerunError as error:
         return "", f"no binding plan ({error}); CPU binding left to SLURM"
     nodes = environ.get("SLURM_JOB_NUM_NODES", "1").strip()
-    # cores the job has no thread of, but for the site's reserved ones (nobody's)
-    lacking = [core for core in topology.cores if not (set(core.threads) & (allowed | node.reserved.cpus))]
+    held = allowed | node.reserved.cpus  # the site's reserved cores are nobody's
+    lacking = [core for core in topology.cores if held.isdisjoint(core.threads)]
     if nodes.isdigit() and int(nodes) > 1 and lacking:
         return "", (
             f"the job lacks {len(lacking)} of this node's cores, and the CPUs it has on its other "

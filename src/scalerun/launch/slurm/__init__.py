@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from scalerun.launch.slurm.job import SlurmJob
 
 
-
 @dataclass(frozen=True)
 class SlurmBackend:
     name: str = "slurm"
