@@ -7,10 +7,20 @@ nodes; the test drains one node, then warns the job as SLURM does before a time 
 requeues itself and, with one node left, comes back on one: the job script's srun takes the
 count from ``SLURM_JOB_NUM_NODES``, the rank resumes the 2-rank checkpoint, says the
 continuation is exact, and ends at the last-epoch numbers of a job never interrupted.
+
+"Exact" is checked twice. Rank 0's step log holds every step from 1 to the last exactly
+once, 8 samples a step on 2 ranks before the stop and 16 on 1 rank after it: no step lost
+or repeated, the same global batch. The last epoch's numbers match the uninterrupted job's
+within ``LOSS_ATOL``: after the resize one rank sums 16 samples' gradients where two ranks
+summed 8 each, so fp32 rounds differently, and the gap grows with the steps left after the
+stop, which the signal's timing decides (a CI run saw 0.6149 against 0.6147). A batch seen
+twice or skipped moves the epoch's mean loss far more: the last epoch's 20 batch losses
+spread by about 0.15 (measured), so one batch changes their mean by about 7e-3.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -24,7 +34,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]  # two jobs, on a sh
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 5  # 320 training images, 20 global batches of 16 an epoch: 100 steps
-LAST_EPOCH = re.compile(rf"epoch {EPOCHS}: train loss \S+, val loss \S+, val accuracy \S+ \S+")
+STEPS = EPOCHS * 20
+LAST_EPOCH = re.compile(rf"epoch {EPOCHS}: train loss (\S+), val loss (\S+), val accuracy \S+ \((\d+)/80\)")
+LOSS_ATOL = 2e-3  # fp32 sums in another order after the resize; see the module's docstring
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +85,7 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     straight = submit(slurm_cluster, straight_dir, vit_data, "2")
     wait_until(lambda: finished(slurm_cluster, straight), f"job {straight}")
     assert job_fields(slurm_cluster, straight)["JobState"] == "COMPLETED", log_of(straight_dir, straight)
-    reference = LAST_EPOCH.search(log_of(straight_dir, straight)).group(0)
+    reference = last_epoch(log_of(straight_dir, straight))
 
     run_dir = tmp_path_factory.mktemp("resized")
     # held until both nodes are free (other sessions share the cluster): a range starts on
@@ -114,4 +126,21 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     assert (f"scalerun: resumed from step {step} ({saved}; epoch {step // 20}, batch {step % 20}; "
             "saved by 2 rank(s), this run has 1: an exact continuation: same global batch 16 "
             "(8 x 2 rank(s), now 16 x 1 rank(s)), same sample order)") in log
-    assert LAST_EPOCH.search(log).group(0) == reference
+    assert steps_and_samples(run_dir) == [(n, 8 if n <= step else 16) for n in range(1, STEPS + 1)]
+    (train, val, correct), (train_ref, val_ref, correct_ref) = last_epoch(log), reference
+    assert abs(train - train_ref) <= LOSS_ATOL and abs(val - val_ref) <= LOSS_ATOL, (reference, log)
+    assert abs(correct - correct_ref) <= 1, (reference, log)
+
+
+def last_epoch(log: str) -> tuple[float, float, int]:
+    """The last epoch's train loss, validation loss and correct count, from a job's log."""
+    found = LAST_EPOCH.search(log)
+    assert found, log
+    return float(found.group(1)), float(found.group(2)), int(found.group(3))
+
+
+def steps_and_samples(run_dir: Path) -> list[tuple[int, int]]:
+    """(step, samples) of every step record in rank 0's step log, both attempts, as written."""
+    lines = (run_dir / "steps" / "rank-0.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [(r["step"], r["samples"]) for r in records if r.get("kind") == "step"]
