@@ -478,5 +478,11 @@ def test_horovod_stall_shutdown_follows_the_hang_timeout_and_the_user_wins() -> 
     assert wanted["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "1800"
     assert horovod_environment(ctx, 4100, "hsn0", hang_timeout=0.2)[
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "1"
+    # gloo's rendezvous and operations wait as long as the hang timeout, not Horovod's 30 s
+    assert wanted["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "1800"
+    assert without["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "86400"  # no hang timeout: a day
+    assert horovod_environment(ctx, 4100, "hsn0", hang_timeout=5)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "30"
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in merge_horovod_environment(
+        wanted, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})  # the user's value wins
     kept = merge_horovod_environment(wanted, {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"})
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" not in kept

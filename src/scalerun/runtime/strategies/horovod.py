@@ -89,6 +89,10 @@ def interface_towards(host: str) -> str:
     )
 
 
+GLOO_TIMEOUT_FLOOR_S = 30  # Horovod's own default: never lower
+NO_HANG_TIMEOUT_S = 86400  # the gloo timeout when the hang timeout is 0 (never)
+
+
 def horovod_environment(ctx: Context, port: int, interface: str,
                         hang_timeout: float | None = None) -> dict[str, str]:
     """The variables ``horovodrun --gloo`` gives each rank, from scalerun's placement.
@@ -97,11 +101,19 @@ def horovod_environment(ctx: Context, port: int, interface: str,
     others waiting for ever. With a hang timeout (``--hang-timeout``) Horovod is told to shut
     down a stalled collective after that long too (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``),
     so the job ends with Horovod's own message naming the missing ranks.
+
+    Horovod's gloo gives its rendezvous and every gloo operation 30 s by default
+    (``HOROVOD_GLOO_TIMEOUT_SECONDS``); here the ranks already met over torch's process
+    group, so only slowness can run into it: a rank still importing on a busy node, or one
+    saving a checkpoint while the others wait. It fails the job with "Connection closed by
+    peer" on the ranks that were on time (seen on the 2-core test cluster). The hang
+    timeout decides instead; without one (0: never), a day.
     """
     where = ctx.placement
     stall = {}
     if hang_timeout:
         stall["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(1, round(hang_timeout)))
+    stall["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(GLOO_TIMEOUT_FLOOR_S, round(hang_timeout or NO_HANG_TIMEOUT_S)))
     return stall | {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": str(where.master_addr),
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
