@@ -25,6 +25,7 @@ from scalerun.commands.flags import add_hyperthreads_argument, add_site_argument
 from scalerun.errors import LaunchError, ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.gpu import BACKENDS
+from scalerun.plan.knobs import parse_pairs
 from scalerun.plan.request import (
     TENSORBOARD_RANKS,
     TRACKERS,
@@ -136,6 +137,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     add_time_limit_arguments(parser)
     add_hang_argument(parser)
     add_warm_cache_argument(parser)
+    add_knob_argument(parser)
     add_container_arguments(parser)
 
 
@@ -183,6 +185,16 @@ def add_hang_argument(parser: argparse.ArgumentParser) -> None:
         help="end the job when no rank makes progress for S seconds, after every rank wrote "
         "its Python stacks to RUN_DIR/stacks/ (default: the site's [runtime] hang_timeout, "
         "1800; 0: never)")
+
+
+def add_knob_argument(parser: argparse.ArgumentParser) -> None:
+    """``--knob KEY=VALUE`` (local and SLURM launches): what ``scalerun tune`` chose."""
+    group = parser.add_argument_group("tuned defaults (local and SLURM launches)")
+    group.add_argument(
+        "--knob", action="append", default=[], metavar="KEY=VALUE",
+        help="a tuned default for every rank (repeatable): threads, loader_workers, pin_memory, "
+        "bucket_cap_mb, gradient_as_bucket_view, static_graph, precision, compile; wrap() and "
+        "loader() use it where the script left the option unset (scalerun tune prints them)")
 
 
 def add_warm_cache_argument(parser: argparse.ArgumentParser) -> None:
@@ -297,6 +309,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         max_restarts=getattr(args, "max_restarts", 0) or 0,
         warm_cache=getattr(args, "warm_cache", True) is not False,
         env=parse_env_pairs(getattr(args, "slurm_env", None) or (), "--env"),
+        knobs=parse_pairs(getattr(args, "knob", None) or ()),
         check=getattr(args, "check", None),
         container=container_from_args(args, env),
         dry_run=bool(getattr(args, "dry_run", None)),

@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 
 from scalerun.errors import LaunchError
 from scalerun.plan import deepspeed, variables
+from scalerun.plan.knobs import knobs_text
 from scalerun.plan.rank import binding_variables
 from scalerun.plan.request import (
     CONTAINER_ENTRIES,
@@ -223,7 +224,7 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
     replace any of them), then the site's defaults (kept where the environment has one)."""
     own = [*_verbose(request), *_backend(request), *_binding(request),
            *(observe_variables(request.observe) if request.observe else ()),
-           *_hang_flag(request), *_deepspeed(request), *_checkpoint(request)]
+           *_hang_flag(request), *_deepspeed(request), *_checkpoint(request), *_knobs(request)]
     given = [RankVariable(name, value, "--env", template=True) for name, value in request.env]
     frozen = ([RankVariable(variables.SITE_FILE, str(request.observe.run_dir / variables.SITE_RUN_FILE),
                             "the launch's site, frozen in the run directory")] if request.observe else [])
@@ -239,6 +240,11 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
 
 def _verbose(request: LaunchRequest) -> list[RankVariable]:
     return [RankVariable(variables.VERBOSE, "1", "-v")] if request.verbose else []
+
+
+def _knobs(request: LaunchRequest) -> list[RankVariable]:
+    """``--knob``: one variable that every rank's plan reads (:mod:`scalerun.plan.knobs`)."""
+    return [RankVariable(variables.KNOBS, knobs_text(request.knobs), "--knob")] if request.knobs else []
 
 
 def _backend(request: LaunchRequest) -> list[RankVariable]:

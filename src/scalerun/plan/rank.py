@@ -32,7 +32,7 @@ Pure: a topology, a placement, a site profile and the environment in, a
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scalerun.errors import ScalerunError
 from scalerun.netconf.decide import Decision, RankFacts, decide_environment
@@ -48,6 +48,7 @@ from scalerun.plan.binding import (
     usable_cores,
 )
 from scalerun.plan.gpu import RANK_VISIBILITY, GpuPlan, TaskGpus, plan_gpu
+from scalerun.plan.knobs import Knobs, parse_knobs
 from scalerun.sites.profile import SiteProfile
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Topology
@@ -132,6 +133,9 @@ class RankPlan:
     membind: int | None = None
     """The NUMA node the rank's memory prefers (:mod:`scalerun.membind`); None: no policy."""
     membind_reason: str = ""
+    knobs: Knobs = field(default_factory=Knobs)
+    """Tuned defaults (``--knob``): ``wrap()`` and ``loader()`` use them where the script
+    left an option unset; ``threads`` and ``loader_workers`` are already in the fields above."""
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -246,10 +250,14 @@ def plan_rank(
     membind, membind_reason = membind_decision(topology, binding, bind, opts.membind, environ)
     cores, cores_reason = core_share(placement, node, binding, topology)
     on_gpu = gpu.device.kind == "cuda"
-    workers = opts.loader_workers if opts.loader_workers is not None else default_workers(cores, on_gpu)
+    knobs = parse_knobs(environ.get(variables.KNOBS, ""))
+    workers = opts.loader_workers if opts.loader_workers is not None else (
+        knobs.loader_workers if knobs.loader_workers is not None else default_workers(cores, on_gpu))
     threads = max(1, cores - workers)
     threads_reason = (f"{cores_reason}, less {workers} loader worker(s)" if workers
                       else cores_reason)
+    if knobs.threads is not None:
+        threads, threads_reason = knobs.threads, f"knob threads={knobs.threads} ({variables.KNOBS})"
     decision = _decide(placement, topology, site, environ, binding, threads, workers, opts,
                        cpu_compute=not on_gpu)
     return RankPlan(
@@ -257,7 +265,7 @@ def plan_rank(
         bind_reason=bind_reason, threads=threads, threads_reason=threads_reason,
         loader_workers=workers, environment=decision.settings, interfaces=decision.interfaces,
         site=node.site, warnings=node.binding.warnings, binding_reason=binding_reason,
-        membind=membind, membind_reason=membind_reason,
+        membind=membind, membind_reason=membind_reason, knobs=knobs,
     )
 
 

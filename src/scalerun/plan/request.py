@@ -25,6 +25,7 @@ from pathlib import Path
 
 from scalerun import profile
 from scalerun.errors import LaunchError
+from scalerun.plan.knobs import Knobs
 from scalerun.sites.profile import ENV_NAME_RE
 
 ENTRIES = ("file", "module", "executable")
@@ -224,6 +225,8 @@ class LaunchRequest:
     """Restore and save the warm JIT caches (``--no-warm-cache``: off)."""
     env: Pairs = ()
     """``--env NAME=VALUE``: exported as given; ``${VAR}`` expands where the rank starts."""
+    knobs: Knobs = field(default_factory=Knobs)
+    """``--knob KEY=VALUE``: tuned defaults for every rank (``scalerun tune`` writes them)."""
     check: bool | None = None
     """The short doctor on every rank before training; None: the backend's default."""
     container: ContainerRequest | None = None

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from scalerun.errors import ScalerunError
 from scalerun.plan.rank import MAX_DEFAULT_WORKERS
+from scalerun.runtime import knobs
 from scalerun.runtime.context import current
 from scalerun.runtime.steplog import current_log
 
@@ -90,6 +91,8 @@ def default_workers() -> int:
     compute threads), or, before ``init()``, this process's CPUs minus one."""
     ctx = current()
     if ctx is not None and ctx.plan is not None:
+        if ctx.plan.knobs.loader_workers is not None:
+            knobs.choose("loader_workers", None)  # recorded as applied (the plan holds it)
         return ctx.plan.loader_workers
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(MAX_DEFAULT_WORKERS, (cpus or 1) - 1))
@@ -162,8 +165,9 @@ def loader(
         if shuffle:
             raise ScalerunError("train=False loaders keep order; drop shuffle=True")
         sampler = ShardSampler(dataset, world, rank)
-    workers = default_workers() if num_workers is None else num_workers
-    kwargs.setdefault("pin_memory", ctx is not None and ctx.device.type == "cuda")
+    workers = default_workers() if num_workers is None else knobs.choose("loader_workers", num_workers)
+    pin = knobs.choose("pin_memory", kwargs.get("pin_memory"))
+    kwargs["pin_memory"] = (ctx is not None and ctx.device.type == "cuda") if pin is None else pin
     kwargs.setdefault("persistent_workers", workers > 0)
     return TimedLoader(
         dataset,

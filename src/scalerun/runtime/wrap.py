@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scalerun.runtime import hang, observe, preempt, strategies
+from scalerun.runtime import hang, knobs, observe, preempt, strategies
 from scalerun.runtime.context import context
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
@@ -221,6 +221,12 @@ def wrap(
         raise a ScalerunError listing the accepted ones.
     """
     ctx = context()
+    precision = knobs.choose("precision", precision)
+    if strategy == "ddp":
+        options = {**options, **tuned_ddp_options(options)}
+    compiled = knobs.choose("compile", None)
+    if compiled not in (None, "off"):
+        model.compile(mode=None if compiled == "default" else compiled)  # in place: same state_dict keys
     settings = TrainSettings(
         accumulation=accumulation, clip_grad_norm=clip_grad_norm,
         precision=precision, micro_batch_size=micro_batch_size,
@@ -229,3 +235,12 @@ def wrap(
     chosen = strategies.create(strategy, ctx, settings, options)
     chosen.setup(model, optimizer)
     return Wrapped(chosen, build_scheduler(scheduler, chosen.torch_optimizer))
+
+
+DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+
+
+def tuned_ddp_options(options: dict[str, Any]) -> dict[str, Any]:
+    """DDP's options from the rank's knobs, where ``wrap()`` was not given them."""
+    chosen = {name: knobs.choose(name, options.get(name)) for name in DDP_KNOBS}
+    return {name: value for name, value in chosen.items() if value is not None}

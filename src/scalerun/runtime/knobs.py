@@ -1,0 +1,59 @@
+"""The rank's tuned defaults (``--knob``), applied where the script left an option unset.
+
+Why here and not in each caller: ``wrap()`` and ``loader()`` ask one question each time
+("has the script set this option? else is there a knob?"), and the answers are recorded
+once per rank in the step log's meta line (``knobs``: applied, and kept by the script), so
+``scalerun tune`` can say which of its settings a script overrode and a report can show
+what the run used. The knobs themselves are decided by the plan
+(:attr:`scalerun.plan.rank.RankPlan.knobs`); this module never parses a variable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalerun.plan.knobs import Knobs, record_use
+from scalerun.runtime.context import current
+
+KNOBS_META = "knobs"
+"""The step log's meta key holding :func:`scalerun.plan.knobs.record_use`'s record."""
+
+_applied: dict[str, Any] = {}
+_kept: dict[str, Any] = {}
+
+
+def rank_knobs() -> Knobs:
+    """This rank's tuned defaults; none before ``init()`` or without a plan."""
+    ctx = current()
+    return ctx.plan.knobs if ctx is not None and ctx.plan is not None else Knobs()
+
+
+def choose(name: str, given: Any, *, knob: Any = None) -> Any:
+    """The script's value when it gave one (``given`` not None), else the knob's.
+
+    Every decision where a knob exists is recorded: applied, or kept by the script.
+    ``knob`` defaults to this rank's knob of that name.
+    """
+    value = getattr(rank_knobs(), name) if knob is None else knob
+    if value is None:
+        return given
+    if given is not None:
+        _kept[name] = given
+        _publish()
+        return given
+    _applied[name] = value
+    _publish()
+    return value
+
+
+def used() -> dict[str, Any]:
+    """What this rank applied and what the script kept, as the step log records it."""
+    return record_use(_applied, _kept)
+
+
+def _publish() -> None:
+    from scalerun.runtime.steplog import current_log
+
+    log = current_log()
+    if log is not None:
+        log.update_meta(**{KNOBS_META: used()})

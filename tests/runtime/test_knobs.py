@@ -1,0 +1,53 @@
+"""Tuned defaults inside real ranks: ``scalerun launch --knob`` reaches ``wrap()`` and
+``loader()`` where the script left an option unset, never where it set one, and each rank's
+step log records which knobs it applied and which the script kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalerun.runtime.steplog_reader import read_step_log
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "fixtures" / "tune" / "knob_train.py"
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def launch(run_dir: Path, *knobs: str) -> dict:
+    words = [w for knob in knobs for w in ("--knob", knob)]
+    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2",
+                           "--no-monitor", "--run-dir", str(run_dir), *words, str(SCRIPT)],
+                          capture_output=True, text=True, timeout=500, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if "GOT " in line)
+    return json.loads(line.split("GOT ", 1)[1])
+
+
+def test_knobs_fill_what_the_script_left_unset_and_the_step_log_says_which(tmp_path: Path) -> None:
+    got = launch(tmp_path, "threads=1", "loader_workers=0", "pin_memory=off", "static_graph=on",
+                 "bucket_cap_mb=25", "compile=default")
+    assert got["workers"] == 0 and got["pin_memory"] is False and got["threads"] == 1
+    assert got["static_graph"] is True and got["compiled"] is True
+    assert got["bucket_bytes"] == 5 * 1024 * 1024  # the script's bucket_cap_mb=5, not the knob's 25
+    assert not any("_orig_mod" in key for key in got["keys"])  # compiled in place: same checkpoints
+    for rank in (0, 1):
+        meta, steps = read_step_log(tmp_path / "steps" / f"rank-{rank}.jsonl")
+        assert len(steps) == 4  # 64 samples, 8 per rank and step, 2 ranks
+        assert meta["knobs"] == {
+            "applied": {"loader_workers": 0, "pin_memory": False, "static_graph": True,
+                        "compile": "default"},
+            "kept_by_script": {"bucket_cap_mb": 5},
+        }
+
+
+def test_without_knobs_the_plan_decides_and_nothing_is_recorded(tmp_path: Path) -> None:
+    got = launch(tmp_path)
+    assert got["static_graph"] is False and got["compiled"] is False
+    meta, _ = read_step_log(tmp_path / "steps" / "rank-0.jsonl")
+    assert "knobs" not in meta
