@@ -13,6 +13,7 @@ from scalerun.rundir import append_jsonl, read_jsonl, step_log_path
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog import CpuMarks, StepLog
 from scalerun.runtime.steplog_reader import (
+    end_record,
     final_scalars,
     json_number,
     meta_record,
@@ -98,8 +99,13 @@ def test_a_restarted_rank_keeps_each_steps_last_record(tmp_path: Path) -> None:
     clock = FakeClock(START)
     write_steps(path, clock, range(1, 4))
     write_steps(path, clock, range(3, 5), meta={**META, "start": clock.now})  # resumed at 3
-    assert [r[keys.KIND] for r in read_jsonl(path)] == ["meta", "step", "step", "step",
-                                                        "meta", "step", "step"]
+    records = read_jsonl(path)
+    assert [r[keys.KIND] for r in records] == ["meta", "step", "step", "step", "end",
+                                               "meta", "step", "step", "end"]
+    ends = [r for r in records if r[keys.KIND] == keys.END_KIND]
+    assert [r[keys.T] for r in ends] == [1003.0, 1005.0]  # each run's close, on its clock
+    assert end_record(records) == ends[-1] and ends[-1][keys.PEAK_RSS_MB] > 10  # this process
+    assert ends[-1][keys.PEAK_GPU_MB] is None  # no GPU initialised here
     meta, steps = read_step_log(path)
     assert meta[keys.START] == START  # the first meta line
     assert [(r[keys.STEP], r[keys.T]) for r in steps] == [(1, 1001.0), (2, 1002.0), (3, 1004.0),

@@ -243,6 +243,23 @@ class StepLog:
 
     def close(self) -> None:
         self.flush(everything=True)
+        if self._meta_written:
+            append_jsonl(self.path, [{keys.KIND: keys.END_KIND, keys.T: self.clock(), **peak_memory()}])
+
+
+def peak_memory() -> dict[str, float | None]:
+    """The rank's peak resident memory and, on a GPU, torch's peak allocation, in MiB."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    gpu_mb = None
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gpu_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return {keys.PEAK_RSS_MB: round(rss_mb, 1), keys.PEAK_GPU_MB: gpu_mb}
 
 
 def comm_seconds(comm: list[tuple[Any, Any]], seconds: Callable[[Any, Any], float]) -> float:

@@ -18,6 +18,9 @@ few times a minute): a first meta line, then one step line per optimizer step::
      "opt_s": 0.01, "data_s": 0.005, "comm_s": 0.012, "samples": 32,
      "scalars": {"loss": 2.31}, "dt": 10.2}
 
+A rank that ends cleanly appends ``{"kind": "end", "t": ..., "peak_rss_mb": 812.4,
+"peak_gpu_mb": null}`` (its peak memory: ``scalerun tune`` reports it).
+
 Times are seconds; ``t`` and ``start`` are Unix times, ``t`` at the end of the step;
 ``dt`` is the time since the previous step ended (the first step: since ``start``).
 Unknown values are ``null``: a phase the loop never marked, ``data_s`` where nothing
@@ -63,9 +66,15 @@ FLUSH_EVERY_S = 5.0
 """Seconds between the writer's flushes: how far apart the logs of a killed job's ranks end."""
 
 KIND = "kind"
-"""Every line's kind: :data:`META_KIND` or :data:`STEP_KIND`."""
+"""Every line's kind: :data:`META_KIND`, :data:`STEP_KIND` or :data:`END_KIND`."""
 META_KIND = "meta"
 STEP_KIND = "step"
+END_KIND = "end"
+"""The last line of a rank that ended cleanly: ``t`` and the rank's peak memory."""
+PEAK_RSS_MB = "peak_rss_mb"
+"""End line: the rank process's peak resident memory in MiB (its loader workers not counted)."""
+PEAK_GPU_MB = "peak_gpu_mb"
+"""End line: torch's peak allocated GPU memory of the rank in MiB; null on a CPU rank."""
 
 # -- the meta line ----------------------------------------------------------------------
 RANK = "rank"
@@ -124,6 +133,11 @@ def read_step_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def meta_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The first meta line of ``records``; ``{}`` when there is none."""
     return next((r for r in records if r.get(KIND) == META_KIND), {})
+
+
+def end_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The last end line of ``records`` (a restarted rank writes one per run); ``{}`` if none."""
+    return next((r for r in reversed(records) if r.get(KIND) == END_KIND), {})
 
 
 def step_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
