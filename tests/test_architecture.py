@@ -59,8 +59,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("this_rank",),
     # 5: inside each rank, and the public API that re-exports it
     ("runtime", "__init__"),
-    # 6: observe: read ranks and run directories
-    ("monitor", "doctor", "report", "scaling", "monitorview"),
+    # 6: observe: read ranks and run directories (tune: a study that searches)
+    ("monitor", "doctor", "report", "scaling", "monitorview", "tune"),
     # 7: launchers (backends)
     ("launch",),
     # 8: the CLI's edge
@@ -80,7 +80,7 @@ NAMES_MODULE = "plan.variables"
 FORBIDDEN: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("plan",), ("runtime", "launch", "commands")),
     (("runtime",), ("launch", "commands")),
-    (("doctor", "monitor", "report", "monitorview", "scaling"), ("launch", "commands")),
+    (("doctor", "monitor", "report", "monitorview", "scaling", "tune"), ("launch", "commands")),
 )
 EDGE = ("commands", "cli", "__main__")
 """The CLI's edge: nothing else imports it."""

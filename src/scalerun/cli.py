@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "monitor",
     "report",
     "scaling",
+    "tune",
     "topo", "bind",
     "env",
 )

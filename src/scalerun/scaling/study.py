@@ -260,14 +260,16 @@ def local_run_size(request: StudyRequest, *, timeout_s: float | None = None,
     return run
 
 
-def run_logged(command: list[str], log: Path, timeout_s: float | None = None) -> RunOutcome:
+def run_logged(command: list[str], log: Path, timeout_s: float | None = None,
+               env: dict[str, str] | None = None) -> RunOutcome:
     """Run ``command`` in its own process group with all output to ``log``; stop the whole group
-    (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size."""
+    (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size.
+    ``env``: the whole environment of the command (default: this process's)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         out.write("$ " + " ".join(shell_quote(w) for w in redact_words(command, secret_values(os.environ))) + "\n")
         out.flush()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, env=env,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = process.wait(timeout=timeout_s)

@@ -1,0 +1,196 @@
+"""The search: successive halving under a time budget, then a check of the winner.
+
+Why successive halving: most configurations are clearly worse after a few steps, so every
+candidate gets a short trial (``first_steps``), the better half (``1/eta``) is run again
+``eta`` times longer, and so on while the budget allows. Short trials are noisy on a busy
+machine; the rungs that follow re-measure the survivors over more steps, and the winner
+is checked at the end against the defaults in alternating runs, measured in the same call.
+
+How the budget is kept: every trial's wall time is counted (a trial reused from an earlier
+call costs nothing), and before each trial its cost is predicted from what was measured
+(start-up plus steps x time per step). A trial that would end past the budget is not
+started; a rung that cannot fit ends the search. The validation's cost is reserved before
+the search begins. A trial gets at most the budget left as its timeout, so the budget is
+overrun by at most one launch's stop time. A trial finished by an earlier call with the
+same ``--out`` is reused and charged what it cost then (:class:`Budget`).
+
+Pure apart from the injected trial runner and clock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from scalerun.tune.space import Candidate, TuneError
+from scalerun.tune.trials import RunTrial, TrialResult, recorded, run_or_reuse, trial_dir
+
+ETA = 2
+"""Survivors of a rung: the best 1/ETA; the next rung runs ETA times more steps."""
+SEARCH_SHARE = 0.75
+"""Of the budget, what the search may use; the rest is the validation's."""
+
+
+class Progress(Protocol):
+    def note(self, text: str) -> None: ...
+
+    def trial(self, result: TrialResult, best: TrialResult | None, spent_s: float) -> None: ...
+
+
+@dataclass
+class Budget:
+    """Seconds allowed and spent. A trial reused from an earlier call with the same ``--out``
+    is charged what it cost then: a tuning cut off and called again goes on to the same
+    budget, making the same choices, instead of starting a new one."""
+
+    total_s: float
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(init=False)
+    charged_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def charge(self, seconds: float) -> None:
+        self.charged_s += seconds
+
+    @property
+    def spent_s(self) -> float:
+        return self.clock() - self.start + self.charged_s
+
+    @property
+    def left_s(self) -> float:
+        return self.total_s - self.spent_s
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a trial costs, learnt from the trials so far."""
+
+    startup_s: float
+    """Launch, imports, process group and warm-up: the wall time beyond the measured steps."""
+    step_s: dict[str, float]
+    """Measured seconds per step of each candidate (by label)."""
+    default_step_s: float
+
+    def predict(self, candidate: Candidate, steps: int) -> float:
+        return self.startup_s + steps * self.step_s.get(candidate.label, self.default_step_s)
+
+
+def learn_costs(results: Sequence[TrialResult], warmup_steps: int) -> Costs | None:
+    ok = [r for r in results if r.ok and r.measured]
+    if not ok:
+        return None
+    startups = [max(0.0, r.measured.wall_s - r.measured.steady_steps * r.measured.step_s)
+                for r in ok if r.measured]
+    steps = {r.candidate.label: r.measured.step_s for r in ok if r.measured}
+    return Costs(startup_s=statistics.median(startups), step_s=steps,
+                 default_step_s=statistics.median(steps.values()))
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    trials: tuple[TrialResult, ...]
+    """Every trial, in the order run (or reused)."""
+    ranking: tuple[TrialResult, ...]
+    """Each candidate's deepest trial, best first: deeper rungs first, then samples/s."""
+    default: TrialResult
+    skipped: int
+    """Candidates of the first round never tried because the budget would not hold them."""
+
+    @property
+    def best(self) -> TrialResult | None:
+        return next((r for r in self.ranking if r.ok), None)
+
+
+def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, *,
+           fingerprint: Callable[[Candidate, int], dict[str, Any]], budget: Budget,
+           first_steps: int, warmup_steps: int, validation_s: Callable[[Costs], float],
+           progress: Progress, refine: Callable[[Candidate], list[Candidate]] | None = None,
+           seed: int = 0) -> SearchResult:
+    """Successive halving over ``candidates`` (the first is the default), then ``refine``'s
+    candidates around the winner at the deepest rung's steps, all within ``budget``."""
+    trials: list[TrialResult] = []
+    deepest: dict[str, TrialResult] = {}
+
+    def free(candidate: Candidate, steps: int) -> bool:
+        """Finished by an earlier call with this ``--out``: reusing it costs nothing."""
+        return recorded(trial_dir(out_dir, candidate, steps), candidate, steps,
+                        fingerprint(candidate, steps)) is not None
+
+    def fits(candidate: Candidate, steps: int, end: float) -> bool:
+        return free(candidate, steps) or budget.spent_s + costs.predict(candidate, steps) <= end
+
+    def run(candidate: Candidate, steps: int) -> TrialResult:
+        result = run_or_reuse(out_dir, candidate, steps, fingerprint(candidate, steps), run_trial,
+                              warmup_steps, clock=budget.clock)
+        if result.resumed:
+            budget.charge(result.wall_s)
+        trials.append(result)
+        previous = deepest.get(candidate.label)
+        if previous is None or steps >= previous.steps:
+            deepest[candidate.label] = result
+        progress.trial(result, _best(deepest.values()), budget.spent_s)
+        return result
+
+    default = run(candidates[0], first_steps)
+    if not default.ok:
+        raise TuneError(f"the default configuration did not run ({default.status}: {default.error}); "
+                        f"fix the script first (log: {default.run_dir})")
+    costs = learn_costs(trials, warmup_steps)
+    assert costs is not None
+    search_end = budget.total_s - validation_s(costs)
+    if search_end <= budget.spent_s:
+        raise TuneError(f"a budget of {budget.total_s:g} s holds no search: one run of the defaults "
+                        f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
+                        "larger --budget or fewer --steps")
+    others = list(candidates[1:])
+    random.Random(seed).shuffle(others)  # a budget that holds only some: an unbiased part
+    rung = [candidates[0]]
+    skipped = 0
+    for candidate in others:
+        if not fits(candidate, first_steps, search_end):
+            skipped += 1
+            continue
+        run(candidate, first_steps)
+        rung.append(candidate)
+        costs = learn_costs(trials, warmup_steps) or costs
+    steps = first_steps
+    while len(rung) > 1:
+        ranked = sorted((deepest[c.label] for c in rung), key=lambda r: -r.speed)
+        alive = [r.candidate for r in ranked if r.ok]
+        keep = alive[: max(1, math.ceil(len(alive) / ETA))] if len(alive) > 1 else alive
+        steps *= ETA
+        replayed = all(free(c, steps) for c in keep)  # an earlier call ran this rung: it fitted
+        if len(keep) <= 1 or not replayed and (
+                budget.spent_s + sum(costs.predict(c, steps) for c in keep) > search_end):
+            break
+        progress.note(f"rung of {steps} steps: {len(keep)} candidate(s) left")
+        for candidate in keep:
+            run(candidate, steps)
+        costs = learn_costs(trials, warmup_steps) or costs
+        rung = keep
+    best = _best(deepest.values())
+    if refine is not None and best is not None:
+        around = [c for c in refine(best.candidate) if c.label not in deepest]
+        if around:
+            progress.note(f"trying {len(around)} setting(s) around the best at {best.steps} steps")
+        for candidate in around:
+            if fits(candidate, best.steps, search_end):
+                run(candidate, best.steps)
+    ranking = sorted(deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
+    return SearchResult(trials=tuple(trials), ranking=tuple(ranking), default=deepest[candidates[0].label],
+                        skipped=skipped)
+
+
+def _best(results: Any) -> TrialResult | None:
+    """Best so far: the deepest rung reached, then samples/s (a deeper, longer trial is the
+    better-measured one, and only survivors reach it)."""
+    ok = [r for r in results if r.ok]
+    return max(ok, key=lambda r: (r.steps, r.speed)) if ok else None

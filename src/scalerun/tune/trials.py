@@ -1,0 +1,171 @@
+"""One trial: a candidate run for a number of steps, measured, recorded, reusable.
+
+Why each trial is a folder: a tuning run is minutes of launches that may be cut off (a
+Ctrl-C, a budget spent, a node lost). ``OUT/trials/<label>/steps-<S>/`` holds the
+launch's run directory; once its step logs gave a steady-state number, ``trial.json`` is
+written atomically with a fingerprint of what was run, and a later ``scalerun tune`` with
+the same ``--out`` keeps it instead of running it again. A trial that ran out of memory is
+recorded as infeasible and kept too (it would fail again); any other failure runs again.
+
+How a trial runs is injected (:data:`RunTrial`): the local launcher of
+:mod:`scalerun.commands.tune`, or a test's stand-in that writes step logs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from scalerun.errors import ScalerunError
+from scalerun.files import write_text_atomic
+from scalerun.rundir import read_jsonl, step_logs
+from scalerun.runtime import steplog_reader as keys
+from scalerun.scaling.results import run_metrics
+from scalerun.scaling.study import LAUNCH_LOG, RunOutcome, error_line, set_aside
+from scalerun.tune.space import Candidate
+
+TRIALS = "trials"
+TRIAL_FILE = "trial.json"
+Status = Literal["ok", "infeasible", "failed", "timeout"]
+OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
+                           r"std::bad_alloc|oom-kill|Killed", re.IGNORECASE)
+KILLED_CODES = {137, -9}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A finished trial's numbers (steady state: the warm-up steps left out)."""
+
+    samples_per_s: float
+    step_s: float
+    steady_steps: int
+    wall_s: float
+    """The whole launch, start to end: what the trial cost."""
+    peak_rss_mb: float | None = None
+    """Sum over the node's ranks of each rank's peak resident memory."""
+    peak_gpu_mb: float | None = None
+    """The largest rank's peak GPU allocation."""
+    knobs_kept: dict[str, Any] | None = None
+    """Knobs the script set itself (the rank's step log says so): the tuner cannot move them."""
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    candidate: Candidate
+    steps: int
+    status: Status
+    run_dir: Path
+    measured: Measured | None = None
+    error: str | None = None
+    resumed: bool = False
+    """Finished by an earlier call with this ``--out`` and reused."""
+    wall_s: float = 0.0
+    """What the trial cost when it ran (a reused trial is charged this to the budget again,
+    so a resumed tuning makes the first call's decisions and stops where it would have)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.measured is not None
+
+    @property
+    def speed(self) -> float:
+        """Samples per second; 0 where the trial has no number (ranks last)."""
+        return self.measured.samples_per_s if self.ok and self.measured else 0.0
+
+
+RunTrial = Callable[[Candidate, int, Path], RunOutcome]
+"""Runs ``candidate`` for that many optimizer steps into the run directory; waits for it."""
+
+
+def trial_dir(out_dir: Path, candidate: Candidate, steps: int) -> Path:
+    return out_dir / TRIALS / candidate.label / f"steps-{steps}"
+
+
+def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[str, Any],
+                 run_trial: RunTrial, warmup_steps: int,
+                 clock: Callable[[], float] = time.monotonic) -> TrialResult:
+    """The recorded result of this trial when an earlier call finished it; else run it now."""
+    run_dir = trial_dir(out_dir, candidate, steps)
+    kept = recorded(run_dir, candidate, steps, fingerprint)
+    if kept is not None:
+        return kept
+    set_aside(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = clock()
+    try:
+        outcome = run_trial(candidate, steps, run_dir)
+    except (ScalerunError, OSError) as error:
+        outcome = RunOutcome(exit_code=-1, error=str(error).splitlines()[0] if str(error) else repr(error))
+    wall = clock() - start
+    result = replace(judge(candidate, steps, run_dir, outcome, wall, warmup_steps), wall_s=round(wall, 3))
+    record = {"fingerprint": fingerprint, "status": result.status, "error": result.error, "wall_s": result.wall_s,
+              "measured": asdict(result.measured) if result.measured else None, "finished": time.time()}
+    write_text_atomic(run_dir / TRIAL_FILE, json.dumps(record, indent=2) + "\n", what="--out")
+    return result
+
+
+def judge(candidate: Candidate, steps: int, run_dir: Path, outcome: RunOutcome, wall_s: float,
+          warmup_steps: int) -> TrialResult:
+    """What a finished launch says: a number, out of memory, a timeout, or a failure."""
+    log = outcome.log or (run_dir / LAUNCH_LOG if (run_dir / LAUNCH_LOG).exists() else None)
+    if outcome.exit_code == 124:
+        return TrialResult(candidate, steps, "timeout", run_dir, error=outcome.error or "timed out")
+    if outcome.exit_code != 0:
+        text = log.read_text(errors="replace")[-20000:] if log else ""
+        why = outcome.error or error_line(log) or f"exit code {outcome.exit_code}"
+        if outcome.exit_code in KILLED_CODES or OUT_OF_MEMORY.search(text):
+            return TrialResult(candidate, steps, "infeasible", run_dir, error=f"out of memory: {why}")
+        return TrialResult(candidate, steps, "failed", run_dir, error=why)
+    try:
+        metrics = run_metrics(run_dir, warmup_steps)
+    except ScalerunError as error:
+        return TrialResult(candidate, steps, "failed", run_dir, error=str(error))
+    rss, gpu, kept = peaks(run_dir)
+    measured = Measured(samples_per_s=metrics.samples_per_s, step_s=metrics.step_s,
+                        steady_steps=metrics.steady_steps, wall_s=round(wall_s, 3),
+                        peak_rss_mb=rss, peak_gpu_mb=gpu, knobs_kept=kept or None)
+    return TrialResult(candidate, steps, "ok", run_dir, measured=measured)
+
+
+def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
+    """(summed peak RSS, largest peak GPU allocation, knobs the script kept) from the step logs."""
+    rss: list[float] = []
+    gpu: list[float] = []
+    kept: dict[str, Any] = {}
+    for path in step_logs(run_dir).values():
+        records = read_jsonl(path)
+        end = keys.end_record(records)
+        if isinstance(end.get(keys.PEAK_RSS_MB), int | float):
+            rss.append(float(end[keys.PEAK_RSS_MB]))
+        if isinstance(end.get(keys.PEAK_GPU_MB), int | float):
+            gpu.append(float(end[keys.PEAK_GPU_MB]))
+        used = keys.meta_record(records).get("knobs") or {}
+        kept.update(used.get("kept_by_script") or {})
+    return (round(sum(rss), 1) if rss else None), (max(gpu) if gpu else None), kept
+
+
+def recorded(run_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[str, Any]) -> TrialResult | None:
+    """A finished (or out-of-memory) trial of an earlier call with the same fingerprint."""
+    try:
+        record = json.loads((run_dir / TRIAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("fingerprint") != fingerprint:
+        return None
+    status = record.get("status")
+    wall = record.get("wall_s") if isinstance(record.get("wall_s"), int | float) else 0.0
+    if status == "ok" and isinstance(record.get("measured"), dict):
+        try:
+            measured = Measured(**record["measured"])
+        except TypeError:
+            return None
+        return TrialResult(candidate, steps, "ok", run_dir, measured=measured, resumed=True, wall_s=wall)
+    if status == "infeasible":
+        return TrialResult(candidate, steps, "infeasible", run_dir, error=record.get("error"), resumed=True,
+                           wall_s=wall)
+    return None

@@ -1,0 +1,244 @@
+"""``scalerun tune`` from request to result: the space, the search, the check, the files.
+
+Why this shape (as :mod:`scalerun.scaling.study`): how a trial runs is injected, so the
+same tuner drives local launches, and a test's stand-in that writes step logs; every trial
+lives in its own folder under ``OUT`` and a second call with the same ``--out`` reuses
+what the first finished. What it leaves behind is ``OUT/tune.json`` (every trial, the
+ranking, the validation, ``best.command`` as a list of words) and ``OUT/tune.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from scalerun.files import write_text_atomic
+from scalerun.plan import variables
+from scalerun.plan.knobs import Knobs, knobs_text
+from scalerun.shell import shell_quote
+from scalerun.tune.search import Budget, Progress, SearchResult, learn_costs, search
+from scalerun.tune.space import (
+    GLOBAL_BATCH,
+    PER_RANK_BATCH,
+    Candidate,
+    NodeFacts,
+    TuneError,
+    candidates,
+    refinements,
+)
+from scalerun.tune.trials import RunTrial, TrialResult
+from scalerun.tune.validate import Validation, validate, validation_cost
+
+TUNE_FILE = "tune.json"
+TUNE_REPORT = "tune.md"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    """Everything ``scalerun tune`` was asked, checked on construction."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    """With ``{per_rank_batch}`` / ``{global_batch}`` where the batch goes."""
+    launch_args: tuple[str, ...] = ()
+    """Extra ``scalerun launch`` words for every trial (``--launch-arg``)."""
+    facts: NodeFacts
+    budget_s: float = 300.0
+    first_steps: int = 12
+    """Optimizer steps of a first-rung trial (warm-up included)."""
+    warmup_steps: int = 4
+    validate_steps: int = 60
+    """Steps of each validation run: the full length of the comparison."""
+
+    def __post_init__(self) -> None:
+        if not self.script.strip():
+            raise TuneError("no training script: give it after --, e.g. -- train.py --batch-size {per_rank_batch}")
+        if self.budget_s <= 0:
+            raise TuneError(f"--budget {self.budget_s:g} s: give a positive time, e.g. 5m")
+        if self.first_steps <= self.warmup_steps:
+            raise TuneError(f"--first-steps {self.first_steps} must exceed --warmup-steps "
+                            f"{self.warmup_steps}: a trial needs steady steps to measure")
+        if self.validate_steps <= self.warmup_steps:
+            raise TuneError(f"--steps {self.validate_steps} must exceed --warmup-steps {self.warmup_steps}")
+        joined = " ".join(self.script_args)
+        if self.facts.batch is not None and PER_RANK_BATCH not in joined:
+            raise TuneError(f"--batch is given but no script argument holds {PER_RANK_BATCH}; "
+                            f"write e.g. --batch-size {PER_RANK_BATCH}")
+        if PER_RANK_BATCH in joined and self.facts.batch is None and self.facts.global_batch is None:
+            raise TuneError(f"{PER_RANK_BATCH} needs --batch B (the default run's per-rank batch) "
+                            "or --global-batch N")
+        if self.facts.global_batch is not None and not ({PER_RANK_BATCH, GLOBAL_BATCH} & set(_holes(joined))):
+            raise TuneError(f"--global-batch is given but no script argument holds {GLOBAL_BATCH} "
+                            f"or {PER_RANK_BATCH}")
+
+    def args_for(self, candidate: Candidate) -> list[str]:
+        """The script's arguments for ``candidate``: the templates filled in."""
+        words = []
+        for arg in self.script_args:
+            if candidate.per_rank_batch is not None:
+                arg = arg.replace(PER_RANK_BATCH, str(candidate.per_rank_batch))
+            if self.facts.global_batch is not None:
+                arg = arg.replace(GLOBAL_BATCH, str(self.facts.global_batch))
+            words.append(arg)
+        return words
+
+    def command(self, candidate: Candidate, program: str = "scalerun") -> list[str]:
+        """The ``scalerun launch`` command that reproduces ``candidate``, as a list of words."""
+        return [program, "launch", *candidate.launch_words(), *self.launch_args, self.script,
+                *self.args_for(candidate)]
+
+    def fingerprint(self, candidate: Candidate, steps: int) -> dict[str, Any]:
+        """What makes two trials the same trial (a changed argument or knob runs it again)."""
+        return {"command": self.command(candidate), "steps": steps, "warmup_steps": self.warmup_steps,
+                "variable": variables.MAX_STEPS}
+
+
+def _holes(text: str) -> list[str]:
+    return [hole for hole in (PER_RANK_BATCH, GLOBAL_BATCH) if hole in text]
+
+
+@dataclass(frozen=True)
+class TuneOutput:
+    request: TuneRequest
+    result: SearchResult
+    validation: Validation | None
+    files: tuple[Path, ...]
+
+    @property
+    def best(self) -> TrialResult:
+        best = self.result.best
+        assert best is not None, "the default ran, so there is a best"
+        return best
+
+
+def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Progress, *,
+         clock: Any = time.monotonic) -> TuneOutput:
+    """Search, validate and write ``tune.json`` and ``tune.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    space = candidates(request.facts)
+    default = space[0]
+    budget = Budget(request.budget_s, clock=clock)
+    progress.note(f"{len(space)} configuration(s) to try; budget {request.budget_s:g} s; results in {out_dir}")
+    result = search(space, out_dir, run_trial, fingerprint=request.fingerprint, budget=budget,
+                    first_steps=request.first_steps, warmup_steps=request.warmup_steps,
+                    validation_s=validation_cost(default, request.validate_steps),
+                    progress=progress, refine=lambda c: refinements(c, request.facts))
+    best = result.best
+    validation = None
+    if best is not None and best.candidate.label != default.label:
+        costs = learn_costs(result.trials, request.warmup_steps)
+        assert costs is not None
+        progress.note(f"checking the winner against the defaults at {request.validate_steps} steps")
+        validation = validate(default, best.candidate, out_dir, run_trial, steps=request.validate_steps,
+                              fingerprint=request.fingerprint, budget=budget, costs=costs,
+                              warmup_steps=request.warmup_steps, progress=progress)
+    output = TuneOutput(request=request, result=result, validation=validation, files=())
+    data = tune_data(output, spent_s=budget.spent_s)
+    files = (write_text_atomic(out_dir / TUNE_FILE, json.dumps(data, indent=2) + "\n", what="--out"),
+             write_text_atomic(out_dir / TUNE_REPORT, "\n".join(report_lines(output, data)) + "\n", what="--out"))
+    return TuneOutput(request=request, result=result, validation=validation, files=files)
+
+
+# ---------------------------------------------------------------------------
+# What it leaves behind
+# ---------------------------------------------------------------------------
+
+
+def snippet(candidate: Candidate) -> list[str]:
+    """How to make ``candidate`` the default: launch words, or a site profile's task_env."""
+    knobs = Knobs() if candidate.default else candidate.knobs
+    if not knobs:
+        return ["the defaults won: nothing to set"]
+    text = knobs_text(knobs)
+    return [f"--env {variables.KNOBS}={text}   (or on the command line: "
+            + " ".join(f"--knob {part}" for part in text.split(",")) + ")",
+            f'in a site profile: [task_env] {variables.KNOBS} = "{text}"',
+            f"and ranks per node: --nproc-per-node {candidate.ranks}"]
+
+
+def trial_data(result: TrialResult) -> dict[str, Any]:
+    return {"label": result.candidate.label, "ranks": result.candidate.ranks,
+            "knobs": result.candidate.knobs.given(), "per_rank_batch": result.candidate.per_rank_batch,
+            "default": result.candidate.default, "steps": result.steps, "status": result.status,
+            "error": result.error, "resumed": result.resumed, "run_dir": str(result.run_dir),
+            "measured": asdict(result.measured) if result.measured else None}
+
+
+def tune_data(output: TuneOutput, spent_s: float) -> dict[str, Any]:
+    request, result = output.request, output.result
+    best = result.best
+    validation = output.validation
+    data: dict[str, Any] = {
+        "request": {"script": request.script, "script_args": list(request.script_args),
+                    "launch_args": list(request.launch_args), "facts": asdict(request.facts),
+                    "budget_s": request.budget_s, "first_steps": request.first_steps,
+                    "warmup_steps": request.warmup_steps, "validate_steps": request.validate_steps},
+        "spent_s": round(spent_s, 1),
+        "skipped": result.skipped,
+        "ranking": [trial_data(r) for r in result.ranking],
+        "trials": [trial_data(r) for r in result.trials],
+        "default": {**trial_data(result.default), "command": request.command(result.default.candidate)},
+    }
+    if best is not None:
+        data["best"] = {**trial_data(best), "command": request.command(best.candidate),
+                        "snippet": snippet(best.candidate)}
+    if validation is not None:
+        data["validation"] = {"steps": validation.steps, "ratio": validation.ratio,
+                              "default_samples_per_s": validation.speeds(0),
+                              "best_samples_per_s": validation.speeds(1),
+                              "pairs": [[trial_data(d), trial_data(w)] for d, w in validation.pairs]}
+    return data
+
+
+def ranked_lines(output: TuneOutput, top: int = 12) -> list[str]:
+    """The ranked table: rank, configuration, rung, samples/s, vs the default, memory."""
+    result = output.result
+    base = result.default.speed
+    lines = [f"{'#':>3}  {'configuration':<58} {'steps':>5} {'samples/s':>10} {'vs default':>10} {'memory':>10}"]
+    for index, r in enumerate(result.ranking[:top], start=1):
+        m = r.measured
+        speed = f"{m.samples_per_s:.4g}" if r.ok and m else r.status
+        ratio = f"{m.samples_per_s / base:.2f}x" if r.ok and m and base else ""
+        memory = _memory(m) if m else ""
+        lines.append(f"{index:>3}  {r.candidate.describe()[:58]:<58} {r.steps:>5} {speed:>10} {ratio:>10} {memory:>10}")
+    if len(result.ranking) > top:
+        lines.append(f"     ... {len(result.ranking) - top} more in {TUNE_FILE}")
+    return lines
+
+
+def _memory(m: Any) -> str:
+    if m.peak_gpu_mb is not None:
+        return f"{m.peak_gpu_mb / 1024:.1f} GiB GPU"
+    return f"{m.peak_rss_mb / 1024:.2f} GiB" if m.peak_rss_mb is not None else ""
+
+
+def report_lines(output: TuneOutput, data: dict[str, Any]) -> list[str]:
+    """``tune.md``, and what the command prints: the table, the check, the snippet, the command."""
+    lines = ["# scalerun tune", "", f"{output.request.script}: {len(output.result.trials)} trial(s) in "
+             f"{data['spent_s']:.0f} s of a {output.request.budget_s:g} s budget"
+             + (f"; {output.result.skipped} configuration(s) not tried (budget)" if output.result.skipped else ""),
+             "", "```", *ranked_lines(output), "```", ""]
+    validation = output.validation
+    best = output.result.best
+    if validation is not None and validation.ratio is not None:
+        lines.append(f"Checked at {validation.steps} steps in {len(validation.pairs)} alternating pair(s): "
+                     f"the winner runs {validation.ratio:.2f}x the defaults "
+                     f"({_speeds(validation.speeds(1))} against {_speeds(validation.speeds(0))} samples/s).")
+    elif best is not None and best.candidate.label == output.result.default.candidate.label:
+        lines.append("The defaults won: scalerun's plan is already the fastest configuration tried.")
+    kept = best.measured.knobs_kept if best is not None and best.ok and best.measured else None
+    if kept:
+        lines.append("The script sets " + ", ".join(f"{k}={v}" for k, v in kept.items())
+                     + " itself; the tuner left those alone.")
+    if best is not None:
+        lines += ["", "To make it the default:", *(f"    {line}" for line in snippet(best.candidate)), "",
+                  "The fastest configuration:", "",
+                  "    " + " ".join(shell_quote(w) for w in output.request.command(best.candidate))]
+    return lines
+
+
+def _speeds(values: list[float]) -> str:
+    return ", ".join(f"{v:.4g}" for v in values)

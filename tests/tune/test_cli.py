@@ -1,0 +1,88 @@
+"""``scalerun tune`` for real: launches of a script with poor defaults on this machine.
+
+Small on purpose (a 75-second budget on two cores): what is checked is that real trials
+are run, measured from their step logs, ranked, checked against the defaults, written to
+``tune.json`` with a command that really launches, and reused by a second call. The
+speed-up it reaches on a 5-minute budget is measured in ``benchmarks/tune.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalerun.plan import variables
+
+REPO = Path(__file__).resolve().parents[2]
+POOR = REPO / "tests" / "fixtures" / "tune" / "poor_defaults.py"
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def tune(*words: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scalerun", "tune", *words], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def trial_files(out: Path) -> dict[Path, int]:
+    return {path: path.stat().st_mtime_ns for path in out.glob("trials/*/steps-*/trial.json")}
+
+
+def test_a_real_tuning_ranks_checks_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    args = ["--budget", "75s", "--batch", "4", "--first-steps", "8", "--warmup-steps", "3",
+            "--steps", "16", "--out", str(out), str(POOR), "--", "--batch-size", "{per_rank_batch}"]
+    done = tune(*args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "tune.json").read_text())
+    assert data["spent_s"] <= 75 * 1.10
+    trials = [t for t in data["trials"] if t["status"] == "ok"]
+    assert len(trials) >= 2 and all(t["measured"]["samples_per_s"] > 0 for t in trials)
+    assert all(t["measured"]["peak_rss_mb"] > 50 for t in trials)  # from the ranks' end lines
+    best, default = data["best"], data["default"]
+    assert default["default"] and default["command"][:4] == ["scalerun", "launch", "--nproc-per-node", "1"]
+    assert best["measured"]["samples_per_s"] >= default["measured"]["samples_per_s"]
+    # printed last: the exact command, the same words as best.command
+    assert done.stdout.strip().splitlines()[-1].split() == best["command"]
+    if not best["default"]:
+        assert data["validation"]["pairs"] and data["validation"]["ratio"] > 0
+
+    # the command reproduces the winner: it launches (bounded here to a few steps)
+    rerun = subprocess.run([sys.executable, "-m", *best["command"][:2], "--run-dir", str(tmp_path / "again"),
+                            *best["command"][2:]], capture_output=True, text=True, timeout=300, cwd=REPO,
+                           env={**os.environ, variables.MAX_STEPS: "5"})
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    knobs = json.loads((tmp_path / "again" / "steps" / "rank-0.jsonl").read_text().splitlines()[0]).get("knobs")
+    assert knobs is None or set(knobs["applied"]) <= set(best["knobs"])
+
+    # a second call with the same --out replays the finished trials and launches nothing
+    before = trial_files(out) | {p: p.stat().st_mtime_ns for p in out.glob("validate/*/trials/*/*/trial.json")}
+    again = tune(*args)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    after = trial_files(out) | {p: p.stat().st_mtime_ns for p in out.glob("validate/*/trials/*/*/trial.json")}
+    assert after == before
+    assert again.stdout.count("kept from an earlier call") == len(data["trials"]) + 2 * len(
+        data.get("validation", {}).get("pairs", []))
+    assert again.stdout.strip().splitlines()[-1].split() == best["command"]
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--budget", "0", "--batch", "4"], "--budget 0 s: give a positive time"),
+    (["--budget", "soon"], "'soon' is not a duration"),
+    (["--batch", "4", "--first-steps", "3", "--warmup-steps", "3"], "--first-steps 3 must exceed --warmup-steps 3"),
+])
+def test_bad_input_is_one_line_before_anything_runs(tmp_path: Path, words: list[str], message: str) -> None:
+    done = tune(*words, "--out", str(tmp_path / "t"), str(POOR), "--", "--batch-size", "{per_rank_batch}",
+                timeout=60)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "t").exists()
+
+
+def test_a_batch_without_its_template_is_refused(tmp_path: Path) -> None:
+    done = tune("--batch", "4", "--out", str(tmp_path / "t"), str(POOR), timeout=60)
+    assert done.returncode != 0 and "no script argument holds {per_rank_batch}" in done.stderr

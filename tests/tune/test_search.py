@@ -1,0 +1,188 @@
+"""The tuner's search and check with a stand-in trial runner and a fake clock.
+
+The stand-in writes real step logs (the run-directory format, with scalerun's own writer)
+whose speed is a known function of the candidate, and moves the fake clock by what the
+trial would have cost: start-up plus steps x step time. So every choice of the search,
+the budget it keeps and the files it leaves can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scalerun.rundir import append_jsonl, step_log_path
+from scalerun.scaling.study import RunOutcome
+from scalerun.tune.search import ETA
+from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates
+from scalerun.tune.trials import TRIAL_FILE
+from scalerun.tune.tuner import TUNE_FILE, TuneRequest, tune
+from tests.scaling.steplogs import ToyRun, write_run
+
+STARTUP_S = 5.0
+FACTS = NodeFacts(cpus=4, batch=4)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def speed_of(c: Candidate) -> float:
+    """Samples/s of a candidate in this toy world: batches pay, workers help, 4 ranks best."""
+    k = c.knobs
+    return (100.0 * (c.per_rank_batch or 4) ** 0.5 * (1 + 0.3 * (k.loader_workers or 0))
+            * {1: 1.0, 2: 1.6, 4: 2.0}[c.ranks] / (1 + 0.2 * abs((k.threads or 1) - 1)))
+
+
+class StandIn:
+    """Runs nothing: writes the candidate's step logs and charges the clock for them."""
+
+    def __init__(self, clock: Clock, *, oom_above_batch: int | None = None, broken: set[str] = frozenset()) -> None:
+        self.clock, self.oom_above_batch, self.broken = clock, oom_above_batch, broken
+        self.runs: list[tuple[str, int]] = []
+
+    def __call__(self, candidate: Candidate, steps: int, run_dir: Path) -> RunOutcome:
+        self.runs.append((candidate.label, steps))
+        log = run_dir / "launch.log"
+        if self.oom_above_batch and (candidate.per_rank_batch or 0) > self.oom_above_batch:
+            log.write_text("torch.OutOfMemoryError: CPU out of memory\n")
+            self.clock.now += STARTUP_S
+            return RunOutcome(exit_code=1, log=log)
+        if candidate.label in self.broken:
+            log.write_text("ValueError: the script broke\n")
+            self.clock.now += STARTUP_S
+            return RunOutcome(exit_code=1, log=log)
+        samples = candidate.per_rank_batch or 4
+        dt = samples * candidate.ranks / speed_of(candidate)
+        write_run(run_dir, ToyRun(world=candidate.ranks, steps=steps, samples=samples, fwd_s=dt))
+        for rank in range(candidate.ranks):
+            append_jsonl(step_log_path(run_dir, rank), [{"kind": "end", "t": 0, "peak_rss_mb": 100.0 + samples,
+                                                         "peak_gpu_mb": None}])
+        log.write_text("ok\n")
+        self.clock.now += STARTUP_S + steps * dt
+        return RunOutcome(exit_code=0, log=log)
+
+
+class Quiet:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+    def trial(self, result, best, spent_s) -> None:
+        self.lines.append(f"{result.candidate.label} {result.status}")
+
+
+def request(budget_s: float = 600.0, **fields) -> TuneRequest:
+    return TuneRequest(script="train.py", script_args=("--batch-size", "{per_rank_batch}"),
+                       facts=fields.pop("facts", FACTS), budget_s=budget_s, first_steps=10,
+                       warmup_steps=2, validate_steps=40, **fields)
+
+
+def test_a_large_budget_finds_the_best_configuration_and_checks_it(tmp_path: Path) -> None:
+    clock = Clock()
+    runner = StandIn(clock)
+    output = tune(request(budget_s=100000), tmp_path, runner, Quiet(), clock=clock)
+    space = candidates(FACTS)
+    fastest = max(space, key=speed_of)
+    assert output.best.candidate.label == fastest.label
+    first = [label for label, steps in runner.runs if steps == 10]
+    assert sorted(first) == sorted(c.label for c in space)  # each tried once in the first round
+    deeper = [label for label, steps in runner.runs if steps == 10 * ETA]
+    assert len(deeper) == -(-len(space) // ETA)  # the better half went on, no more
+    data = json.loads((tmp_path / TUNE_FILE).read_text())
+    assert data["best"]["command"] == ["scalerun", "launch", *fastest.launch_words(), "train.py",
+                                       "--batch-size", str(fastest.per_rank_batch)]
+    assert data["default"]["command"] == ["scalerun", "launch", "--nproc-per-node", "1", "train.py",
+                                          "--batch-size", "4"]  # the defaults: no knobs
+    ratio = data["validation"]["ratio"]
+    assert ratio == pytest.approx(speed_of(fastest) / speed_of(space[0]))
+    assert len(data["validation"]["pairs"]) == 3  # the most pairs, the budget being large
+    assert len(data["trials"]) + 2 * 3 == len(runner.runs)  # every run is in tune.json
+    assert runner.runs[-6:] == [(space[0].label, 40), (fastest.label, 40)] * 3  # alternating
+    assert data["best"]["measured"]["peak_rss_mb"] == 100.0 * fastest.ranks + fastest.per_rank_batch * fastest.ranks
+
+
+@pytest.mark.parametrize("budget_s", [60.0, 150.0, 400.0])
+def test_the_budget_is_kept_within_ten_percent(tmp_path: Path, budget_s: float) -> None:
+    clock = Clock()
+    output = tune(request(budget_s=budget_s), tmp_path, StandIn(clock), Quiet(), clock=clock)
+    assert clock.now <= budget_s * 1.10
+    data = json.loads((tmp_path / TUNE_FILE).read_text())
+    first_round = {c.label for c in candidates(FACTS)}
+    tried = {r["label"] for r in data["ranking"]} & first_round
+    assert data["skipped"] + len(tried) == len(first_round)  # each either tried or counted as skipped
+    assert output.best.speed >= output.result.default.speed
+
+
+def test_a_second_call_with_the_same_out_reuses_every_finished_trial(tmp_path: Path) -> None:
+    clock = Clock()
+    first = tune(request(budget_s=150), tmp_path, StandIn(clock), Quiet(), clock=clock)
+    again_clock = Clock()
+    runner = StandIn(again_clock)
+    second = tune(request(budget_s=150), tmp_path, runner, Quiet(), clock=again_clock)
+    assert runner.runs == []  # reused trials are charged what they cost: the same tuning, replayed
+    assert [(t.candidate, t.steps) for t in second.result.trials] == [(t.candidate, t.steps)
+                                                                      for t in first.result.trials]
+    assert all(t.resumed for t in second.result.trials) and second.best.candidate == first.best.candidate
+    assert second.validation.ratio == first.validation.ratio
+    changed = tune(request(budget_s=150, launch_args=("--no-monitor",)), tmp_path, StandIn(Clock()), Quiet(),
+                   clock=Clock())
+    assert not any(t.resumed for t in changed.result.trials)  # another command: nothing reused
+
+
+def test_a_tuning_cut_off_goes_on_to_the_same_budget_when_called_again(tmp_path: Path) -> None:
+    clock = Clock()
+    whole = tune(request(budget_s=150), tmp_path / "whole", StandIn(clock), Quiet(), clock=clock)
+
+    class CutOff(StandIn):
+        def __call__(self, candidate, steps, run_dir):
+            if len(self.runs) == 6:
+                raise KeyboardInterrupt
+            return super().__call__(candidate, steps, run_dir)
+
+    cut_clock = Clock()
+    with pytest.raises(KeyboardInterrupt):
+        tune(request(budget_s=150), tmp_path / "cut", CutOff(cut_clock), Quiet(), clock=cut_clock)
+    again_clock = Clock()
+    runner = StandIn(again_clock)
+    resumed = tune(request(budget_s=150), tmp_path / "cut", runner, Quiet(), clock=again_clock)
+    assert len(runner.runs) == len(whole.result.trials) + 2 * len(whole.validation.pairs) - 6
+    assert [(t.candidate, t.steps) for t in resumed.result.trials] == [(t.candidate, t.steps)
+                                                                       for t in whole.result.trials]
+    assert cut_clock.now + again_clock.now == pytest.approx(clock.now)  # the budget was spent once
+
+
+def test_out_of_memory_is_infeasible_and_recorded_not_a_crash(tmp_path: Path) -> None:
+    clock = Clock()
+    runner = StandIn(clock, oom_above_batch=8)
+    output = tune(request(budget_s=100000), tmp_path, runner, Quiet(), clock=clock)
+    infeasible = [r for r in output.result.ranking if r.status == "infeasible"]
+    assert infeasible and all(r.candidate.per_rank_batch > 8 for r in infeasible)
+    assert all("out of memory" in r.error for r in infeasible)
+    assert output.best.candidate.per_rank_batch <= 8
+    record = json.loads((infeasible[0].run_dir / TRIAL_FILE).read_text())
+    assert record["status"] == "infeasible"
+    again = StandIn(Clock(), oom_above_batch=8)
+    tune(request(budget_s=100000), tmp_path, again, Quiet(), clock=again.clock)
+    assert not any(label == infeasible[0].candidate.label for label, _ in again.runs)  # kept
+
+
+def test_a_default_that_fails_ends_the_tuning_in_one_line(tmp_path: Path) -> None:
+    clock = Clock()
+    default = candidates(FACTS)[0]
+    with pytest.raises(TuneError, match="the default configuration did not run .*the script broke"):
+        tune(request(), tmp_path, StandIn(clock, broken={default.label}), Quiet(), clock=clock)
+
+
+def test_a_budget_too_small_for_any_search_says_so(tmp_path: Path) -> None:
+    clock = Clock()
+    with pytest.raises(TuneError, match="holds no search.*give a larger --budget"):
+        tune(request(budget_s=12), tmp_path, StandIn(clock), Quiet(), clock=clock)
