@@ -51,3 +51,23 @@ def test_an_untracked_job_has_no_report_step(tmp_path: Path) -> None:
     code, output = run_job(tmp_path, warn=False, end_code="3", no_signal=True)
     assert code == 3, output
     assert not (tmp_path / "python.log").exists()
+
+
+@pytest.mark.parametrize("end_code", ["0", "3"])
+def test_a_program_without_init_has_its_warm_caches_saved_after_the_ranks(tmp_path: Path, end_code: str) -> None:
+    """No rank of such a program saves at its end; the script does, on the first node, after
+    srun returned and whatever its exit code (the save on the SLURM test cluster:
+    tests/runtime/test_warm_cache_jobs.py)."""
+    (tmp_path / "python").write_text(FAKE_PYTHON)
+    (tmp_path / "python").chmod(0o755)
+    code, output = run_job(tmp_path, warn=False, end_code=end_code, no_signal=True, calls_init=False)
+    assert code == int(end_code), output
+    assert (tmp_path / "python.log").read_text() == (
+        "after -c import os\nfrom scalerun.runtime.warm import save_for_node\n"
+        "save_for_node(os.environ, 'scalerun')\n\n")
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    (cold / "python").write_text(FAKE_PYTHON)
+    (cold / "python").chmod(0o755)
+    code, _ = run_job(cold, warn=False, end_code=end_code, no_signal=True, calls_init=False, warm_cache=False)
+    assert code == int(end_code) and not (cold / "python.log").exists()  # --no-warm-cache: no step

@@ -28,11 +28,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_knobs_read_back_what_they_write() -> None:
     knobs = parse_pairs(["threads=2", "loader_workers=0", "pin_memory=off", "bucket_cap_mb=12.5",
-                         "static_graph=yes", "precision=BF16", "compile=max-autotune"])
+                         "static_graph=yes", "precision=BF16", "compile=max-autotune", "strategy=FSDP"])
     assert knobs == Knobs(threads=2, loader_workers=0, pin_memory=False, bucket_cap_mb=12.5,
-                          static_graph=True, precision="bf16", compile="max-autotune")
+                          static_graph=True, precision="bf16", compile="max-autotune", strategy="fsdp")
     assert knobs_text(knobs) == ("threads=2,loader_workers=0,pin_memory=off,bucket_cap_mb=12.5,"
-                                 "static_graph=on,precision=bf16,compile=max-autotune")
+                                 "static_graph=on,precision=bf16,compile=max-autotune,strategy=fsdp")
     assert parse_knobs(knobs_text(knobs)) == knobs
     assert knob_flags(Knobs(threads=1, bucket_cap_mb=25.0)) == ["--knob", "threads=1", "--knob", "bucket_cap_mb=25"]
     assert parse_knobs("") == Knobs() and not Knobs() and Knobs(threads=1)
@@ -49,6 +49,7 @@ def test_knobs_read_back_what_they_write() -> None:
     ("bucket_cap_mb=0", "a size in MiB above 0"),
     ("precision=fp8", "choose one of fp32, bf16, fp16"),
     ("compile=fast", "choose one of off, default, reduce-overhead, max-autotune"),
+    ("strategy=deepspeed", "choose one of ddp, fsdp"),
 ])
 def test_a_bad_knob_is_one_line_naming_the_fix(pair: str, words: str) -> None:
     with pytest.raises(KnobError, match=words):

@@ -19,10 +19,10 @@ SCRIPT = REPO / "tests" / "fixtures" / "tune" / "knob_train.py"
 pytestmark = pytest.mark.timeout(600)
 
 
-def launch(run_dir: Path, *knobs: str) -> dict:
+def launch(run_dir: Path, *knobs: str, script_args: tuple[str, ...] = ()) -> dict:
     words = [w for knob in knobs for w in ("--knob", knob)]
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2",
-                           "--no-monitor", "--run-dir", str(run_dir), *words, str(SCRIPT)],
+                           "--no-monitor", "--run-dir", str(run_dir), *words, str(SCRIPT), *script_args],
                           capture_output=True, text=True, timeout=500, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if "GOT " in line)
@@ -31,7 +31,8 @@ def launch(run_dir: Path, *knobs: str) -> dict:
 
 def test_knobs_fill_what_the_script_left_unset_and_the_step_log_says_which(tmp_path: Path) -> None:
     got = launch(tmp_path, "threads=1", "loader_workers=0", "pin_memory=off", "static_graph=on",
-                 "bucket_cap_mb=25", "compile=default")
+                 "bucket_cap_mb=25", "compile=default", "strategy=fsdp")
+    assert got["strategy"] == "ddp"  # the script passes a DDP option: its choice, kept
     assert got["workers"] == 0 and got["pin_memory"] is False and got["threads"] == 1
     assert got["static_graph"] is True and got["compiled"] is True
     assert got["bucket_bytes"] == 5 * 1024 * 1024  # the script's bucket_cap_mb=5, not the knob's 25
@@ -42,7 +43,7 @@ def test_knobs_fill_what_the_script_left_unset_and_the_step_log_says_which(tmp_p
         assert meta["knobs"] == {
             "applied": {"loader_workers": 0, "pin_memory": False, "static_graph": True,
                         "compile": "default"},
-            "kept_by_script": {"bucket_cap_mb": 5},
+            "kept_by_script": {"strategy": "ddp", "bucket_cap_mb": 5},
         }
 
 
@@ -51,3 +52,11 @@ def test_without_knobs_the_plan_decides_and_nothing_is_recorded(tmp_path: Path) 
     assert got["static_graph"] is False and got["compiled"] is False
     meta, _ = read_step_log(tmp_path / "steps" / "rank-0.jsonl")
     assert "knobs" not in meta
+
+
+def test_the_strategy_knob_shards_a_model_the_script_left_to_the_defaults(tmp_path: Path) -> None:
+    got = launch(tmp_path, "strategy=fsdp", script_args=("--plain",))
+    assert got["strategy"] == "fsdp" and got["bucket_bytes"] is None
+    meta, _ = read_step_log(tmp_path / "steps" / "rank-1.jsonl")
+    assert meta["knobs"] == {"applied": {"strategy": "fsdp"}, "kept_by_script": {}}
+    assert meta["strategy"] == "fsdp"

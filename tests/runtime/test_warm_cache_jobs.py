@@ -105,9 +105,11 @@ def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
-def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("calls_init", [True, False], ids=["init", "no-init"])
+def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path, calls_init: bool) -> None:
+    """Without init(), scalerun exec restores and the job script saves after the ranks."""
     warm = tmp_path / "warm"
-    train = script(tmp_path, calls_init=True)
+    train = script(tmp_path, calls_init=calls_init)
     outputs = []
     for number in range(2):
         run = tmp_path / f"run{number}"

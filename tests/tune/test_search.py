@@ -15,7 +15,7 @@ import pytest
 
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
-from scalerun.tune.search import ETA
+from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost
 from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates
 from scalerun.tune.trials import TRIAL_FILE
 from scalerun.tune.tuner import TUNE_FILE, TuneRequest, tune
@@ -175,6 +175,29 @@ def test_out_of_memory_is_infeasible_and_recorded_not_a_crash(tmp_path: Path) ->
     assert not any(label == infeasible[0].candidate.label for label, _ in again.runs)  # kept
 
 
+def test_a_configuration_that_does_not_fit_with_ddp_is_tried_with_fsdp(tmp_path: Path) -> None:
+    class ShardsFit(StandIn):
+        """Batches above 8 fit only when the ranks shard the model (FSDP over 2+ ranks)."""
+
+        def __call__(self, candidate, steps, run_dir):
+            if (candidate.per_rank_batch or 0) > 8 and candidate.knobs.strategy != "fsdp":
+                self.runs.append((candidate.label, steps))
+                (run_dir / "launch.log").write_text("torch.OutOfMemoryError: CUDA out of memory\n")
+                self.clock.now += STARTUP_S
+                return RunOutcome(exit_code=1, log=run_dir / "launch.log")
+            return super().__call__(candidate, steps, run_dir)
+
+    clock = Clock()
+    runner = ShardsFit(clock)
+    output = tune(request(budget_s=100000), tmp_path, runner, Quiet(), clock=clock)
+    twins = [r for r in output.result.trials if r.candidate.knobs.strategy == "fsdp"]
+    big_multi = [c for c in candidates(FACTS) if (c.per_rank_batch or 0) > 8 and c.ranks > 1]
+    assert {r.candidate.label for r in twins} == {c.label + "-fsdp" for c in big_multi}
+    assert all(r.ok for r in twins) and output.best.candidate.knobs.strategy == "fsdp"
+    assert not any(label.endswith("-fsdp") and label.startswith("r1-") for label, _ in runner.runs)  # 1 rank: no use
+    assert "--knob strategy=fsdp" in " ".join(json.loads((tmp_path / TUNE_FILE).read_text())["best"]["command"])
+
+
 def test_a_default_that_fails_ends_the_tuning_in_one_line(tmp_path: Path) -> None:
     clock = Clock()
     default = candidates(FACTS)[0]
@@ -186,3 +209,14 @@ def test_a_budget_too_small_for_any_search_says_so(tmp_path: Path) -> None:
     clock = Clock()
     with pytest.raises(TuneError, match="holds no search.*give a larger --budget"):
         tune(request(budget_s=12), tmp_path, StandIn(clock), Quiet(), clock=clock)
+
+
+def test_the_first_round_leaves_room_for_the_later_rungs() -> None:
+    default = candidates(FACTS)[0]
+    costs = Costs(startup_s=5.0, step_s={}, default_step_s=0.5)  # a trial: 5 s + 0.5 s a step
+    # 6 candidates at 10 steps (10 s each), 3 at 20 (15 s), 2 at 40 (25 s): 60 + 45 + 50
+    assert halving_cost(6, costs, default, 10) == 155.0
+    assert halving_cost(2, costs, default, 10) == 20.0  # one rung: the last compares two
+    assert first_round_size(40, costs, default, 10, left_s=155.0 - 10.0) == 6
+    assert first_round_size(40, costs, default, 10, left_s=1e9) == 40
+    assert first_round_size(40, costs, default, 10, left_s=5.0) == 1  # not even the default's twin

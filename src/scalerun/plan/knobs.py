@@ -23,6 +23,8 @@ from typing import Any
 from scalerun.errors import ScalerunError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+STRATEGIES = ("ddp", "fsdp")
+"""Strategies a knob may choose: those that need no configuration of their own."""
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
 
@@ -50,6 +52,8 @@ class Knobs:
     """``wrap()``'s precision: fp32, bf16 or fp16."""
     compile: str | None = None
     """``torch.compile`` of the model in ``wrap()``, with this mode; ``off``: not compiled."""
+    strategy: str | None = None
+    """``wrap()``'s strategy: ``fsdp`` where DDP's replicas do not fit."""
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -60,6 +64,8 @@ class Knobs:
             raise KnobError(f"knob bucket_cap_mb={self.bucket_cap_mb:g}: give a size in MiB above 0")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise KnobError(f"knob precision={self.precision}: choose one of {', '.join(PRECISIONS)}")
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise KnobError(f"knob strategy={self.strategy}: choose one of {', '.join(STRATEGIES)}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise KnobError(f"knob compile={self.compile}: choose one of {', '.join(COMPILE_MODES)}")
 
@@ -102,6 +108,7 @@ PARSERS: dict[str, Callable[[str, str], Any]] = {
     "gradient_as_bucket_view": _switch, "static_graph": _switch,
     "precision": lambda _name, text: text.strip().lower(),
     "compile": lambda _name, text: text.strip().lower(),
+    "strategy": lambda _name, text: text.strip().lower(),
 }
 
 

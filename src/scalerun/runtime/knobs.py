@@ -31,13 +31,14 @@ def rank_knobs() -> Knobs:
 def choose(name: str, given: Any, *, knob: Any = None) -> Any:
     """The script's value when it gave one (``given`` not None), else the knob's.
 
-    Every decision where a knob exists is recorded: applied, or kept by the script.
+    Every decision where a knob exists is recorded: applied, or kept by the script (a
+    script that passes the knob's own value, e.g. read back from the plan, applied it).
     ``knob`` defaults to this rank's knob of that name.
     """
     value = getattr(rank_knobs(), name) if knob is None else knob
     if value is None:
         return given
-    if given is not None:
+    if given is not None and given != value:
         _kept[name] = given
         _publish()
         return given

@@ -197,7 +197,7 @@ def wrap(
     model: nn.Module,
     optimizer: OptimizerArg = None,
     *,
-    strategy: str = "ddp",
+    strategy: str | None = None,
     scheduler: SchedulerArg = None,
     accumulation: int | None = None,
     clip_grad_norm: float | None = None,
@@ -209,7 +209,8 @@ def wrap(
 
     optimizer: a torch optimizer, or a function of the parameters that builds one (build
         it before wrapping either way: FSDP re-points it at the sharded parameters).
-    strategy: "ddp", "fsdp", "deepspeed" or "horovod" (docs/strategies.md).
+    strategy: "ddp" (default), "fsdp", "deepspeed" or "horovod" (docs/strategies.md);
+        unset, the rank's ``strategy`` knob may choose fsdp (``scalerun tune``).
     scheduler: an LR scheduler, or a function of the optimizer that builds one; stepped
         once per optimizer step.
     accumulation: micro-batches per optimizer step; gradients sync only on the last.
@@ -221,6 +222,9 @@ def wrap(
         raise a ScalerunError listing the accepted ones.
     """
     ctx = context()
+    if strategy is None and options:  # options of DDP's own: the script chose DDP
+        strategy = knobs.choose("strategy", "ddp")
+    strategy = knobs.choose("strategy", strategy) or "ddp"
     precision = knobs.choose("precision", precision)
     if strategy == "ddp":
         options = {**options, **tuned_ddp_options(options)}

@@ -9,7 +9,9 @@ planner's own defaults as the reference candidate (:func:`default_candidate`), s
 candidate equal to the defaults is the default and is not run twice.
 
 The DDP knobs (bucket size, static graph) and pinned memory matter less and are tried
-around the winner of the first search (:func:`refinements`), not multiplied into it.
+around the winner of the first search (:func:`refinements`), not multiplied into it. A
+configuration that runs out of memory with DDP is tried again with FSDP
+(:func:`memory_fallback`).
 
 Pure: no I/O, no torch; the topology is given as counts.
 """
@@ -74,6 +76,7 @@ class Candidate:
         parts += [f"bucket{k.bucket_cap_mb:g}"] if k.bucket_cap_mb is not None else []
         parts += ["static"] if k.static_graph else []
         parts += ["pinned"] if k.pin_memory else []
+        parts += [k.strategy] if k.strategy else []
         return "-".join(parts)
 
     def launch_words(self) -> list[str]:
@@ -180,7 +183,7 @@ def refinements(winner: Candidate, facts: NodeFacts) -> list[Candidate]:
     something to all-reduce, pinned memory when a GPU copies the batches."""
     knobs = winner.knobs
     tried = []
-    if winner.ranks > 1:
+    if winner.ranks > 1 and knobs.strategy in (None, "ddp"):  # DDP's own knobs
         tried += [replace(knobs, bucket_cap_mb=float(mb)) for mb in BUCKETS_MB]
         tried.append(replace(knobs, static_graph=True))
     if facts.gpus and knobs.loader_workers:
@@ -190,3 +193,12 @@ def refinements(winner: Candidate, facts: NodeFacts) -> list[Candidate]:
 
 def _key(candidate: Candidate) -> tuple:
     return candidate.ranks, candidate.knobs, candidate.per_rank_batch
+
+
+def memory_fallback(candidate: Candidate) -> Candidate | None:
+    """The same configuration with FSDP, for a DDP trial that ran out of memory: its ranks
+    then hold a shard of the parameters, gradients and optimizer state each instead of a
+    replica. None where sharding cannot help (one rank) or was already tried."""
+    if candidate.ranks < 2 or candidate.knobs.strategy is not None:
+        return None
+    return replace(candidate, knobs=replace(candidate.knobs, strategy="fsdp"), default=False)

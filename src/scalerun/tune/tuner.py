@@ -27,6 +27,7 @@ from scalerun.tune.space import (
     NodeFacts,
     TuneError,
     candidates,
+    memory_fallback,
     refinements,
 )
 from scalerun.tune.trials import RunTrial, TrialResult
@@ -125,7 +126,8 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
     result = search(space, out_dir, run_trial, fingerprint=request.fingerprint, budget=budget,
                     first_steps=request.first_steps, warmup_steps=request.warmup_steps,
                     validation_s=validation_cost(default, request.validate_steps),
-                    progress=progress, refine=lambda c: refinements(c, request.facts))
+                    progress=progress, refine=lambda c: refinements(c, request.facts),
+                    fallback=memory_fallback)
     best = result.best
     validation = None
     if best is not None and best.candidate.label != default.label:

@@ -293,6 +293,9 @@ class SlurmJob:
     trackers: tuple[str, ...] = ()
     """``--track``: the script's last step writes the job report and attaches it to the
     trackers' runs, whether or not anyone waits for the job."""
+    save_warm_cache: bool = False
+    """The program does not call ``scalerun.init()``, so no rank saves the warm JIT caches
+    at its end: the script saves its node's (the first node's) after the ranks ended."""
     plan: LaunchPlan | None = field(default=None, compare=False, repr=False)
     """The plan the job carries out (None for a job written by hand, as tests do)."""
 
@@ -370,6 +373,7 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         run_dir=job_run_dir(plan),
         wait=slurm.wait,
         trackers=observe.trackers if observe is not None else (),
+        save_warm_cache=plan.exec_bind and request.warm_cache,
         plan=plan,
     )
 

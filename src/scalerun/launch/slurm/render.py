@@ -357,11 +357,12 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
     """The srun command; with the warning, run in the background (bash runs a trap only
     between commands, and a wait cut short by one returns 128+10), then requeued or
     ended cleanly when the ranks stopped with a checkpoint. With ``--track``, the report
-    step follows it whatever its exit code, and the script ends with the step's code."""
+    step follows it whatever its exit code, and the script ends with the step's code; so
+    does the warm-cache save of a program without ``init()``."""
     if not warned(job):
-        if not job.trackers:
+        if not job.trackers and not job.save_warm_cache:
             return [command]
-        return ["code=0", f"{command} || code=$?", *_attach_step(job), 'exit "$code"']
+        return ["code=0", f"{command} || code=$?", *_warm_save_step(job), *_attach_step(job), 'exit "$code"']
     assert job.preemption is not None
     lines = [
         f"{command} &",
@@ -371,6 +372,7 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
         '    wait "$step" || code=$?',
         "    (( signalled && code > 128 )) || break  # the trap interrupted the wait: wait again",
         "done",
+        *_warm_save_step(job),
         *_attach_step(job),
         "if [[ -f $STOPPED ]]; then",
     ]
@@ -387,6 +389,27 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
             'checkpoint $(<"$STOPPED"); submit this script again to continue"'
         )
     return lines + ["    exit 0", "fi", 'exit "$code"']
+
+
+WARM_SAVE_PROGRAM = (
+    "import os\n"
+    "from scalerun.runtime.warm import save_for_node\n"
+    "save_for_node(os.environ, 'scalerun')\n"
+)
+"""What the batch script runs on its node (the first, where rank 0 ran) after the ranks of a
+program without ``init()`` ended: the node's JIT caches back to the warm copy."""
+
+
+def _warm_save_step(job: SlurmJob) -> list[str]:
+    """A program that does not call ``init()`` has its caches restored by ``scalerun exec``
+    but no rank that saves them: the script does, as the local launcher does
+    (:func:`scalerun.runtime.warm.save_for_node`). It never changes the job's exit code."""
+    if not job.save_warm_cache:
+        return []
+    return [
+        "# --- the first node's JIT caches back to the warm copy (the program has no init()) ---",
+        f"{shell_quote(job.host_python)} -c {shell_quote(WARM_SAVE_PROGRAM)} || true",
+    ]
 
 
 def _attach_step(job: SlurmJob) -> list[str]:
