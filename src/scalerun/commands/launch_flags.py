@@ -193,7 +193,7 @@ def add_knob_argument(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--knob", action="append", default=[], metavar="KEY=VALUE",
         help="a tuned default for every rank (repeatable): threads, loader_workers, pin_memory, "
-        "bucket_cap_mb, gradient_as_bucket_view, static_graph, precision, compile; wrap() and "
+        "bucket_cap_mb, gradient_as_bucket_view, static_graph, precision, compile, strategy; wrap() and "
         "loader() use it where the script left the option unset (scalerun tune prints them)")
 
 

@@ -14,9 +14,15 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerun.scaling.study import RunOutcome
+    from scalerun.tune.space import Candidate, NodeFacts
+    from scalerun.tune.tuner import TuneRequest
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|min)?\s*$")
 
@@ -93,7 +99,7 @@ def _after_dashes(words: list[str]) -> list[str]:
     return words[1:] if words[:1] == ["--"] else words
 
 
-def node_facts(args: argparse.Namespace):  # -> NodeFacts
+def node_facts(args: argparse.Namespace) -> NodeFacts:
     """This node as counts: the CPUs this process may use, the GPUs the planner sees."""
     from scalerun.this_rank import read_topology, sysfs_root
     from scalerun.tune.space import NodeFacts
@@ -107,11 +113,11 @@ def node_facts(args: argparse.Namespace):  # -> NodeFacts
 class LocalTrials:
     """Each trial as ``scalerun launch`` on this node, bounded by ``SCALERUN_MAX_STEPS``."""
 
-    def __init__(self, request, python: str = sys.executable) -> None:
+    def __init__(self, request: TuneRequest, python: str = sys.executable) -> None:
         self.request, self.python = request, python
         self.start = time.monotonic()  # as the tuner's budget: a trial never outlives it by much
 
-    def run(self, candidate, steps: int, run_dir: Path):
+    def run(self, candidate: Candidate, steps: int, run_dir: Path) -> RunOutcome:
         from scalerun.scaling.study import LAUNCH_LOG, run_logged
 
         command = [self.python, "-m", *self.request.command(candidate, program="scalerun")]
