@@ -68,6 +68,7 @@ bench: $(VENV)/.installed $(VENV)/.extras
 	$(PY) benchmarks/launch.py
 	$(PY) benchmarks/steplog.py
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/tune.py
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
 # clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf

@@ -59,7 +59,8 @@ def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(
         assert records[0]["node"] == node and any(r["kind"] == "sample" for r in records)
     assert sorted(step_logs(run)) == [0, 1, 2, 3]
     assert {read_jsonl(p)[0]["node"] for p in step_logs(run).values()} == set(NODES)
-    assert all(read_jsonl(p)[-1]["step"] == 40 for p in step_logs(run).values())
+    assert all(read_jsonl(p)[-2]["step"] == 40 and read_jsonl(p)[-1]["kind"] == "end"
+               for p in step_logs(run).values())  # the last step, then the rank's end line
     report = scalerun(slurm_cluster, "report", str(run))
     assert report.returncode == 0, report.stderr
     text = (run / "report.md").read_text()

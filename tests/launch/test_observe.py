@@ -80,7 +80,8 @@ def test_two_ranks_leave_step_logs_monitor_samples_and_one_trace(tmp_path: Path)
     assert sorted(logs) == [0, 1]
     for rank, path in logs.items():
         records = read_jsonl(path)
-        meta, steps = records[0], records[1:]
+        meta, steps, end = records[0], records[1:-1], records[-1]
+        assert end["kind"] == "end" and end["peak_rss_mb"] > 10 and end["peak_gpu_mb"] is None
         assert meta["kind"] == "meta" and meta["rank"] == rank and meta["strategy"] == "ddp"
         assert meta["grad_bytes"] == (16 * 32 + 32 + 32 * 4 + 4) * 4
         assert meta["cpus"] and set(meta["cpus"]) <= os.sched_getaffinity(0)  # the rank's own, after binding

@@ -220,3 +220,19 @@ def test_the_first_round_leaves_room_for_the_later_rungs() -> None:
     assert first_round_size(40, costs, default, 10, left_s=155.0 - 10.0) == 6
     assert first_round_size(40, costs, default, 10, left_s=1e9) == 40
     assert first_round_size(40, costs, default, 10, left_s=5.0) == 1  # not even the default's twin
+
+
+def test_a_small_budget_searches_from_the_best_one_dimension_at_a_time(tmp_path: Path) -> None:
+    clock = Clock()
+    runner = StandIn(clock)
+    output = tune(request(budget_s=150), tmp_path, runner, Quiet(), clock=clock)
+    first_round = [label for label, steps in runner.runs if steps == 10]
+    space = {c.label: c for c in candidates(FACTS)}
+    default = candidates(FACTS)[0]
+    assert first_round[0] == default.label
+    assert first_round[1] == "r1-t3-w1-b32"  # the default's largest batch first
+    assert space[first_round[2]].per_rank_batch == 32  # then from that best: another dimension
+    assert len(first_round) < len(space) and output.result.skipped == len(space) - len(first_round)
+    assert [steps for _, steps in runner.runs].count(20) >= 2  # room was left for a later rung
+    random_pick = sorted(space.values(), key=speed_of)[len(space) // 2]
+    assert output.best.speed > speed_of(random_pick)  # better than the median configuration

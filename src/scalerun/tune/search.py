@@ -3,10 +3,10 @@
 Why successive halving: most configurations are clearly worse after a few steps, so every
 candidate gets a short trial (``first_steps``), the better half (``1/eta``) is run again
 ``eta`` times longer, and so on while the budget allows. When the budget cannot hold every
-candidate through all the rungs, the first round takes a random part of them, as many as
-leave room for the later rungs (:func:`first_round_size`): measured here, the short
-trials alone picked a configuration whose steady speed at 60 steps was 0.57x what its
-12-step trial showed. Short trials are noisy on a busy
+candidate through all the rungs (:func:`first_round_size`), the first round is a
+coordinate search from the best so far (:func:`next_neighbour`) over part of the search's
+time, and the rest goes to the later rungs: measured here, short trials alone picked a
+configuration whose steady speed at 60 steps was 0.57x what its 12-step trial showed. Short trials are noisy on a busy
 machine; the rungs that follow re-measure the survivors over more steps, and the winner
 is checked at the end against the defaults in alternating runs, measured in the same call.
 
@@ -157,14 +157,20 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
                         f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
                         "larger --budget or fewer --steps")
     others = list(candidates[1:])
-    random.Random(seed).shuffle(others)  # a budget that holds only some: an unbiased part
+    random.Random(seed).shuffle(others)  # ties and the order of a full first round
     held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end - budget.spent_s)
-    skipped = len(others) - (held - 1)
-    others = [c for i, c in enumerate(others) if i < held - 1 or free(c, first_steps)]
+    adaptive = held < len(candidates)
+    first_end = (budget.spent_s + (search_end - budget.spent_s) * FIRST_ROUND_SHARE) if adaptive else search_end
     rung = [candidates[0]]
-    for candidate in others:
-        if not fits(candidate, first_steps, search_end):
+    skipped = 0
+    while others:
+        candidate = next_neighbour(_best(deepest.values()), others, deepest) if adaptive else others[0]
+        others.remove(candidate)
+        if not fits(candidate, first_steps, first_end):
             skipped += 1
+            if adaptive:  # the first round's share is spent: the rest are not tried
+                skipped += len(others)
+                break
             continue
         tried = run(candidate, first_steps)
         rung.append(candidate)
@@ -200,6 +206,53 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     ranking = sorted(deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
     return SearchResult(trials=tuple(trials), ranking=tuple(ranking), default=deepest[candidates[0].label],
                         skipped=skipped)
+
+
+FIRST_ROUND_SHARE = 0.6
+"""Of the search's time, what an adaptive first round may use; the later rungs get the rest."""
+DIMENSIONS = ("batch", "share", "ranks", "precision", "compile")
+"""What a neighbour changes, one at a time, in the order a tie is broken."""
+
+
+def dimensions(candidate: Candidate) -> dict[str, Any]:
+    k = candidate.knobs
+    return {"batch": candidate.per_rank_batch, "share": (k.threads, k.loader_workers),
+            "ranks": candidate.ranks, "precision": k.precision, "compile": k.compile}
+
+
+def next_neighbour(best: TrialResult | None, remaining: Sequence[Candidate],
+                   tried: dict[str, TrialResult]) -> Candidate:
+    """The next candidate of an adaptive first round: a coordinate search from the best so
+    far. Among the untried candidates that differ from it in one dimension, the dimension
+    tried least often so far, and in it the value farthest from the best's (the largest
+    batch first: a small step tells nothing in a noisy measurement). Without such a
+    neighbour, the next candidate in the (random) order."""
+    if best is None:
+        return remaining[0]
+    center = dimensions(best.candidate)
+    counts = {name: 0 for name in DIMENSIONS}
+    for result in tried.values():
+        changed = [n for n, v in dimensions(result.candidate).items() if v != center[n]]
+        if len(changed) == 1:
+            counts[changed[0]] += 1
+    scored = []
+    for index, candidate in enumerate(remaining):
+        changed = [n for n, v in dimensions(candidate).items() if v != center[n]]
+        if len(changed) == 1:
+            name = changed[0]
+            scored.append((counts[name], DIMENSIONS.index(name), -_distance(center[name], dimensions(candidate)[name]),
+                           index))
+    if not scored:
+        return remaining[0]
+    return remaining[min(scored)[3]]
+
+
+def _distance(a: Any, b: Any) -> float:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return sum(_distance(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0:
+        return abs(math.log(b / a))
+    return 0.0 if a == b else 1.0
 
 
 def halving_cost(count: int, costs: Costs, default: Candidate, first_steps: int) -> float:

@@ -167,7 +167,8 @@ def candidates(facts: NodeFacts) -> list[Candidate]:
     compiles = (None, "default") if facts.gpus else (None,)
     for ranks in rank_counts(facts):
         cores = max(1, facts.cpus // ranks)
-        for threads, workers in shares(cores, facts.gpus > 0):
+        planned = planned_share(facts.cpus, ranks, facts.gpus > 0)  # the default's, with other batches
+        for threads, workers in dict.fromkeys([planned, *shares(cores, facts.gpus > 0)]):
             for batch in batches(facts, ranks):
                 for precision in precisions:
                     for compiled in compiles:
