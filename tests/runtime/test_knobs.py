@@ -60,3 +60,10 @@ def test_the_strategy_knob_shards_a_model_the_script_left_to_the_defaults(tmp_pa
     meta, _ = read_step_log(tmp_path / "steps" / "rank-1.jsonl")
     assert meta["knobs"] == {"applied": {"strategy": "fsdp"}, "kept_by_script": {}}
     assert meta["strategy"] == "fsdp"
+
+
+def test_a_model_the_script_compiled_is_not_compiled_again(tmp_path: Path) -> None:
+    got = launch(tmp_path, "compile=max-autotune", script_args=("--plain", "--compiled"))
+    assert got["compiled"] is True
+    meta, _ = read_step_log(tmp_path / "steps" / "rank-0.jsonl")
+    assert meta["knobs"] == {"applied": {}, "kept_by_script": {"compile": "script"}}

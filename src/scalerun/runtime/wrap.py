@@ -222,14 +222,13 @@ def wrap(
         raise a ScalerunError listing the accepted ones.
     """
     ctx = context()
-    if strategy is None and options:  # options of DDP's own: the script chose DDP
-        strategy = knobs.choose("strategy", "ddp")
-    strategy = knobs.choose("strategy", strategy) or "ddp"
+    # options of DDP's own (bucket_cap_mb=...) say the script chose DDP
+    strategy = knobs.choose("strategy", "ddp" if strategy is None and options else strategy) or "ddp"
     precision = knobs.choose("precision", precision)
     if strategy == "ddp":
         options = {**options, **tuned_ddp_options(options)}
-    compiled = knobs.choose("compile", None)
-    if compiled not in (None, "off"):
+    compiled = knobs.choose("compile", "script" if compiled_by_script(model) else None)
+    if compiled not in (None, "off", "script"):
         model.compile(mode=None if compiled == "default" else compiled)  # in place: same state_dict keys
     settings = TrainSettings(
         accumulation=accumulation, clip_grad_norm=clip_grad_norm,
@@ -248,3 +247,10 @@ def tuned_ddp_options(options: dict[str, Any]) -> dict[str, Any]:
     """DDP's options from the rank's knobs, where ``wrap()`` was not given them."""
     chosen = {name: knobs.choose(name, options.get(name)) for name in DDP_KNOBS}
     return {name: value for name, value in chosen.items() if value is not None}
+
+
+def compiled_by_script(model: nn.Module) -> bool:
+    """The script compiled the model or a part of it itself (``torch.compile`` or
+    ``Module.compile``): a compile knob must not compile it again."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod")
+               for m in model.modules())

@@ -33,7 +33,9 @@ TRIALS = "trials"
 TRIAL_FILE = "trial.json"
 Status = Literal["ok", "infeasible", "failed", "timeout"]
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
-                           r"std::bad_alloc|oom-kill|Killed", re.IGNORECASE)
+                           r"std::bad_alloc|oom-kill|SIGKILL|signal 9\b", re.IGNORECASE)
+"""A failed trial whose log says this ran out of memory (torch, Python, the kernel's OOM
+killer, whose SIGKILL the launcher reports)."""
 KILLED_CODES = {137, -9}
 
 
