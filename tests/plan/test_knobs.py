@@ -18,8 +18,10 @@ from scalerun.plan.knobs import (
     parse_knobs,
     parse_pairs,
 )
+from scalerun.plan.launch import rank_environment
 from scalerun.plan.rank import plan_rank
 from scalerun.sites import load_site
+from scalerun.sites.profile import SiteProfile
 from tests.launch.requests import plan, request
 from tests.plan.test_rank import node, placed, trees  # noqa: F401 - a fixture
 
@@ -74,6 +76,17 @@ def test_a_launch_with_knobs_gives_every_rank_the_variable(tmp_path: Path) -> No
     planned = plan(request(run_dir=tmp_path, knobs=Knobs(threads=1, precision="bf16")))
     assert planned.variables()[variables.KNOBS] == "threads=1,precision=bf16"
     assert variables.KNOBS not in plan(request(run_dir=tmp_path)).variables()
+
+
+def test_a_site_profile_can_make_tuned_knobs_every_launchs_default(tmp_path: Path) -> None:
+    """What ``scalerun tune`` prints as its site-profile line: ``[env] SCALERUN_KNOBS``."""
+    site = SiteProfile(name="t", env={variables.KNOBS: "threads=1,loader_workers=2"})
+    assert plan(request(run_dir=tmp_path), site).variables()[variables.KNOBS] == "threads=1,loader_workers=2"
+    flags = plan(request(run_dir=tmp_path, knobs=Knobs(threads=2)), site)
+    assert flags.variables()[variables.KNOBS] == "threads=2"  # --knob on the command line wins
+    assert rank_environment(flags.env, {})[variables.KNOBS] == "threads=2"  # where ranks start
+    assert rank_environment(plan(request(run_dir=tmp_path), site).env, {})[variables.KNOBS] == (
+        "threads=1,loader_workers=2")
 
 
 def test_launch_refuses_a_bad_knob_in_one_line(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.plan.knobs import knobs_text
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
 from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost
@@ -102,6 +103,10 @@ def test_a_large_budget_finds_the_best_configuration_and_checks_it(tmp_path: Pat
                                        "--batch-size", str(fastest.per_rank_batch)]
     assert data["default"]["command"] == ["scalerun", "launch", "--nproc-per-node", "1", "train.py",
                                           "--batch-size", "4"]  # the defaults: no knobs
+    assert data["best"]["snippet"] == [
+        f"on the command line: {' '.join(fastest.launch_words())}",
+        f"in the environment of every launch: export SCALERUN_KNOBS={knobs_text(fastest.knobs)}",
+        f'in a site profile: [env] SCALERUN_KNOBS = "{knobs_text(fastest.knobs)}"']
     ratio = data["validation"]["ratio"]
     assert ratio == pytest.approx(speed_of(fastest) / speed_of(space[0]))
     assert len(data["validation"]["pairs"]) == 3  # the most pairs, the budget being large

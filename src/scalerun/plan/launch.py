@@ -155,8 +155,13 @@ class LaunchPlan:
         return self.request.observe
 
     def variables(self) -> dict[str, str]:
-        """The variables by name, as planned (policies and templates not applied)."""
-        return {variable.name: variable.value for variable in self.env}
+        """The variables by name, as planned (policies and templates not applied); a
+        default (a site's ``[env]``) gives way to a flag's value of the same name."""
+        chosen: dict[str, str] = {}
+        for variable in self.env:
+            if not (variable.keep_user and variable.name in chosen):
+                chosen[variable.name] = variable.value
+        return chosen
 
 
 def rank_environment(env: tuple[RankVariable, ...], environ: Mapping[str, str]) -> dict[str, str]:
@@ -169,8 +174,8 @@ def rank_environment(env: tuple[RankVariable, ...], environ: Mapping[str, str]) 
     """
     added: dict[str, str] = {}
     for variable in env:
-        if variable.keep_user and variable.name in environ:
-            continue
+        if variable.keep_user and (variable.name in environ or variable.name in added):
+            continue  # a default: the shell's value, or a flag's of the plan, wins
         value = variable.value
         if variable.template:
             value = expand_template(value, {**environ, **added}, what=f"{variable.source} {variable.name}")

@@ -44,7 +44,7 @@ WARM_CACHE_GB = "SCALERUN_WARM_CACHE_GB"
 """The size cap of all warm copies together, in GB (the site's ``warm_cache_gb``)."""
 KNOBS = "SCALERUN_KNOBS"
 """Tuned defaults (``threads=1,loader_workers=2``) from ``scalerun launch --knob`` or a
-site's ``[task_env]``; :mod:`scalerun.plan.knobs` reads them, ``wrap()``/``loader()`` use them."""
+site's ``[env]``; :mod:`scalerun.plan.knobs` reads them, ``wrap()``/``loader()`` use them."""
 TIMEOUT = "SCALERUN_TIMEOUT"
 """Seconds a collective may wait before it fails (``init(timeout=...)``)."""
 

@@ -150,15 +150,15 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
 
 
 def snippet(candidate: Candidate) -> list[str]:
-    """How to make ``candidate`` the default: launch words, or a site profile's task_env."""
+    """How to make ``candidate`` the default: launch flags, the variable, or a site profile."""
     knobs = Knobs() if candidate.default else candidate.knobs
     if not knobs:
         return ["the defaults won: nothing to set"]
     text = knobs_text(knobs)
-    return [f"--env {variables.KNOBS}={text}   (or on the command line: "
-            + " ".join(f"--knob {part}" for part in text.split(",")) + ")",
-            f'in a site profile: [task_env] {variables.KNOBS} = "{text}"',
-            f"and ranks per node: --nproc-per-node {candidate.ranks}"]
+    return [f"on the command line: --nproc-per-node {candidate.ranks} "
+            + " ".join(f"--knob {part}" for part in text.split(",")),
+            f"in the environment of every launch: export {variables.KNOBS}={text}",
+            f'in a site profile: [env] {variables.KNOBS} = "{text}"']
 
 
 def trial_data(result: TrialResult) -> dict[str, Any]:
