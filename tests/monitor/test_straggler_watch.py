@@ -49,14 +49,20 @@ def test_a_restarted_watch_does_not_write_an_event_twice(tmp_path: Path) -> None
 
 
 def test_steps_are_read_as_they_are_appended(tmp_path: Path) -> None:
-    """Logs that grow between polls: the rank is named at the poll that brings step 20."""
-    short = Job(steps=12, work=SLOW.work)
-    write_step_logs(tmp_path, short)
-    watch = StragglerWatch(tmp_path, say=lambda line: None)
+    """Logs that grow between polls: the rank is named at the poll that brings step 20.
+    The lines of a whole job's logs are appended in two parts, as a running job writes them
+    (the first 12 steps, then the other 28 and each rank's end line)."""
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    write_step_logs(whole, SLOW)
+    lines = {rank: step_log_path(whole, rank).read_text().splitlines(keepends=True) for rank in range(SLOW.world)}
+    for rank, text in lines.items():
+        step_log_path(run, rank).parent.mkdir(parents=True, exist_ok=True)
+        step_log_path(run, rank).write_text("".join(text[:13]))  # the meta line and steps 1-12
+    watch = StragglerWatch(run, say=lambda line: None)
     assert watch.poll() == []
-    for rank in range(SLOW.world):
-        step_log_path(tmp_path, rank).unlink()
-    write_step_logs(tmp_path, SLOW)  # the same first 12 steps, then 28 more: a new file
+    for rank, text in lines.items():
+        with open(step_log_path(run, rank), "a") as log:
+            log.write("".join(text[13:]))
     assert [e.step for e in watch.poll()] == [20]
 
 
