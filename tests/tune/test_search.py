@@ -241,3 +241,22 @@ def test_a_small_budget_searches_from_the_best_one_dimension_at_a_time(tmp_path:
     assert [steps for _, steps in runner.runs].count(20) >= 2  # room was left for a later rung
     random_pick = sorted(space.values(), key=speed_of)[len(space) // 2]
     assert output.best.speed > speed_of(random_pick)  # better than the median configuration
+
+
+def test_the_report_names_the_options_the_script_kept(tmp_path: Path) -> None:
+    class SetsItsWorkers(StandIn):
+        """A script that passes num_workers=3 itself: its ranks record the knob as kept."""
+
+        def __call__(self, candidate, steps, run_dir):
+            outcome = super().__call__(candidate, steps, run_dir)
+            path = step_log_path(run_dir, 0)
+            lines = path.read_text().splitlines()
+            meta = {**json.loads(lines[0]), "knobs": {"applied": {}, "kept_by_script": {"loader_workers": 3}}}
+            path.write_text("\n".join([json.dumps(meta), *lines[1:]]) + "\n")
+            return outcome
+
+    clock = Clock()
+    output = tune(request(budget_s=100000), tmp_path, SetsItsWorkers(clock), Quiet(), clock=clock)
+    assert output.best.measured.knobs_kept == {"loader_workers": 3}
+    assert ("The script sets loader_workers=3 itself; the tuner left those alone."
+            in (tmp_path / "tune.md").read_text())
