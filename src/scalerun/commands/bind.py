@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from scalerun.commands.flags import after_dashes
 from scalerun.commands.topo import add_node_arguments
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.launch.process import exec_command
@@ -61,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = after_dashes(args.cmd)
     if not cmd and not args.print_only:
         raise ScalerunError("no command given; write scalerun bind [options] -- CMD ARGS")
     where = placement_for(args, os.environ)

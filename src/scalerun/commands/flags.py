@@ -56,3 +56,9 @@ def add_hyperthreads_argument(parser: Parser, *, default: bool | None = False) -
         help="ranks also get the sibling hardware threads of their cores (a SLURM launch also "
         "asks #SBATCH --hint=multithread and counts CPUs per task in threads)",
     )
+
+
+def after_dashes(words: list[str]) -> list[str]:
+    """A trailing command or script's words (``argparse.REMAINDER``) without the ``--`` that
+    may separate them from scalerun's own flags."""
+    return words[1:] if words[:1] == ["--"] else words

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalerun.commands.flags import add_site_argument
+from scalerun.commands.flags import add_site_argument, after_dashes
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.sites import resolve_site
@@ -81,7 +81,7 @@ def study_request(args: argparse.Namespace) -> tuple[Any, bool]:
     """The checked request, and whether its sizes run as SLURM jobs."""
     from scalerun.scaling import StudyRequest
 
-    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    script_args = after_dashes(args.script_args)
     on_slurm = args.nodes is not None or args.site is not None
     gpus, most, source = capacity(args, on_slurm)
     steps_args = tuple(arg.replace("{steps}", str(args.steps)) if args.steps else arg for arg in script_args)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerun.commands.flags import after_dashes
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 
@@ -78,10 +79,10 @@ def duration(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from scalerun.tune.progress import default_progress
-    from scalerun.tune.tuner import TuneRequest, ranked_lines, tune
+    from scalerun.tune.tuner import TuneRequest, closing_lines, ranked_lines, tune
 
     request = TuneRequest(
-        script=args.script, script_args=tuple(_after_dashes(args.script_args)),
+        script=args.script, script_args=tuple(after_dashes(args.script_args)),
         launch_args=tuple(args.launch_arg), facts=node_facts(args), budget_s=args.budget,
         first_steps=args.first_steps, warmup_steps=args.warmup_steps, validate_steps=args.steps)
     if not Path(args.script).is_file():
@@ -89,14 +90,8 @@ def run(args: argparse.Namespace) -> int:
     out = (args.out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     with default_progress(request.budget_s) as progress:
         output = tune(request, out, LocalTrials(request).run, progress)
-    report = (out / "tune.md").read_text().split("```")
-    print("\n".join(ranked_lines(output)))
-    print(report[-1].strip("\n"))
+    print("\n".join([*ranked_lines(output), *closing_lines(output)]))
     return 0
-
-
-def _after_dashes(words: list[str]) -> list[str]:
-    return words[1:] if words[:1] == ["--"] else words
 
 
 def node_facts(args: argparse.Namespace) -> NodeFacts:

@@ -13,10 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from scalerun.plan.knobs import Knobs, record_use
+from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.context import current
-
-KNOBS_META = "knobs"
-"""The step log's meta key holding :func:`scalerun.plan.knobs.record_use`'s record."""
 
 _applied: dict[str, Any] = {}
 _kept: dict[str, Any] = {}
@@ -28,14 +26,13 @@ def rank_knobs() -> Knobs:
     return ctx.plan.knobs if ctx is not None and ctx.plan is not None else Knobs()
 
 
-def choose(name: str, given: Any, *, knob: Any = None) -> Any:
-    """The script's value when it gave one (``given`` not None), else the knob's.
+def choose(name: str, given: Any) -> Any:
+    """The script's value when it gave one (``given`` not None), else this rank's knob.
 
     Every decision where a knob exists is recorded: applied, or kept by the script (a
     script that passes the knob's own value, e.g. read back from the plan, applied it).
-    ``knob`` defaults to this rank's knob of that name.
     """
-    value = getattr(rank_knobs(), name) if knob is None else knob
+    value = getattr(rank_knobs(), name)
     if value is None:
         return given
     if given is not None and given != value:
@@ -57,4 +54,4 @@ def _publish() -> None:
 
     log = current_log()
     if log is not None:
-        log.update_meta(**{KNOBS_META: used()})
+        log.update_meta(**{keys.KNOBS: used()})

@@ -100,6 +100,9 @@ LOOP = "loop"
 LOOP_WRAP = "wrap"
 LOOP_WRAP_MODEL = "wrap-model"
 LOOP_HOOKS = "hooks"
+KNOBS = "knobs"
+"""``{"applied": {...}, "kept_by_script": {...}}``: the tuned defaults (``--knob``) the rank
+used, and those its script set itself (:mod:`scalerun.runtime.knobs` writes it)."""
 NOT_MEASURED = "not_measured"
 """``{step key: why}`` for the parts of a step this loop cannot measure."""
 

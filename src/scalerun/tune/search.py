@@ -6,12 +6,13 @@ candidate gets a short trial (``first_steps``), the better half (``1/eta``) is r
 candidate through all the rungs (:func:`first_round_size`), the first round is a
 coordinate search from the best so far (:func:`next_neighbour`) over part of the search's
 time, and the rest goes to the later rungs: measured here, short trials alone picked a
-configuration whose steady speed at 60 steps was 0.57x what its 12-step trial showed. Short trials are noisy on a busy
-machine; the rungs that follow re-measure the survivors over more steps, and the winner
-is checked at the end against the defaults in alternating runs, measured in the same call.
+configuration whose steady speed at 60 steps was 0.57x what its 12-step trial showed.
+Short trials are noisy on a busy machine; the rungs that follow re-measure the survivors
+over more steps, and the winner is checked at the end against the defaults in
+alternating runs, measured in the same call.
 
-How the budget is kept: every trial's wall time is counted (a trial reused from an earlier
-call costs nothing), and before each trial its cost is predicted from what was measured
+How the budget is kept: every trial's wall time is counted, and before each trial its
+cost is predicted from what was measured
 (start-up plus steps x time per step). A trial that would end past the budget is not
 started; a rung that cannot fit ends the search. The validation's cost is reserved before
 the search begins. A trial gets at most the budget left as its timeout, so the budget is
@@ -37,8 +38,6 @@ from scalerun.tune.trials import RunTrial, TrialResult, recorded, run_or_reuse, 
 
 ETA = 2
 """Survivors of a rung: the best 1/ETA; the next rung runs ETA times more steps."""
-SEARCH_SHARE = 0.75
-"""Of the budget, what the search may use; the rest is the validation's."""
 
 
 class Progress(Protocol):
@@ -68,10 +67,6 @@ class Budget:
     def spent_s(self) -> float:
         return self.clock() - self.start + self.charged_s
 
-    @property
-    def left_s(self) -> float:
-        return self.total_s - self.spent_s
-
 
 @dataclass(frozen=True)
 class Costs:
@@ -87,7 +82,7 @@ class Costs:
         return self.startup_s + steps * self.step_s.get(candidate.label, self.default_step_s)
 
 
-def learn_costs(results: Sequence[TrialResult], warmup_steps: int) -> Costs | None:
+def learn_costs(results: Sequence[TrialResult]) -> Costs | None:
     ok = [r for r in results if r.ok and r.measured]
     if not ok:
         return None
@@ -149,7 +144,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     if not default.ok:
         raise TuneError(f"the default configuration did not run ({default.status}: {default.error}); "
                         f"fix the script first (log: {default.run_dir})")
-    costs = learn_costs(trials, warmup_steps)
+    costs = learn_costs(trials)
     assert costs is not None
     search_end = budget.total_s - validation_s(costs)
     if search_end <= budget.spent_s:
@@ -179,7 +174,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
             progress.note(f"{candidate.label} ran out of memory; trying it with {twin.knobs.strategy}")
             run(twin, first_steps)
             rung.append(twin)
-        costs = learn_costs(trials, warmup_steps) or costs
+        costs = learn_costs(trials) or costs
     steps = first_steps
     while len(rung) > 1:
         ranked = sorted((deepest[c.label] for c in rung), key=lambda r: -r.speed)
@@ -193,7 +188,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         progress.note(f"rung of {steps} steps: {len(keep)} candidate(s) left")
         for candidate in keep:
             run(candidate, steps)
-        costs = learn_costs(trials, warmup_steps) or costs
+        costs = learn_costs(trials) or costs
         rung = keep
     best = _best(deepest.values())
     if refine is not None and best is not None:

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,8 +103,7 @@ def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: d
         outcome = run_trial(candidate, steps, run_dir)
     except (ScalerunError, OSError) as error:
         outcome = RunOutcome(exit_code=-1, error=str(error).splitlines()[0] if str(error) else repr(error))
-    wall = clock() - start
-    result = replace(judge(candidate, steps, run_dir, outcome, wall, warmup_steps), wall_s=round(wall, 3))
+    result = judge(candidate, steps, run_dir, outcome, clock() - start, warmup_steps)
     record = {"fingerprint": fingerprint, "status": result.status, "error": result.error, "wall_s": result.wall_s,
               "measured": asdict(result.measured) if result.measured else None, "finished": time.time()}
     write_text_atomic(run_dir / TRIAL_FILE, json.dumps(record, indent=2) + "\n", what="--out")
@@ -114,24 +113,27 @@ def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: d
 def judge(candidate: Candidate, steps: int, run_dir: Path, outcome: RunOutcome, wall_s: float,
           warmup_steps: int) -> TrialResult:
     """What a finished launch says: a number, out of memory, a timeout, or a failure."""
+    wall_s = round(wall_s, 3)
     log = outcome.log or (run_dir / LAUNCH_LOG if (run_dir / LAUNCH_LOG).exists() else None)
     if outcome.exit_code == 124:
-        return TrialResult(candidate, steps, "timeout", run_dir, error=outcome.error or "timed out")
+        return TrialResult(candidate, steps, "timeout", run_dir, error=outcome.error or "timed out",
+                           wall_s=wall_s)
     if outcome.exit_code != 0:
         text = log.read_text(errors="replace")[-20000:] if log else ""
         why = outcome.error or error_line(log) or f"exit code {outcome.exit_code}"
         if outcome.exit_code in KILLED_CODES or OUT_OF_MEMORY.search(text):
-            return TrialResult(candidate, steps, "infeasible", run_dir, error=f"out of memory: {why}")
-        return TrialResult(candidate, steps, "failed", run_dir, error=why)
+            return TrialResult(candidate, steps, "infeasible", run_dir, error=f"out of memory: {why}",
+                               wall_s=wall_s)
+        return TrialResult(candidate, steps, "failed", run_dir, error=why, wall_s=wall_s)
     try:
         metrics = run_metrics(run_dir, warmup_steps)
     except ScalerunError as error:
-        return TrialResult(candidate, steps, "failed", run_dir, error=str(error))
+        return TrialResult(candidate, steps, "failed", run_dir, error=str(error), wall_s=wall_s)
     rss, gpu, kept = peaks(run_dir)
     measured = Measured(samples_per_s=metrics.samples_per_s, step_s=metrics.step_s,
-                        steady_steps=metrics.steady_steps, wall_s=round(wall_s, 3),
+                        steady_steps=metrics.steady_steps, wall_s=wall_s,
                         peak_rss_mb=rss, peak_gpu_mb=gpu, knobs_kept=kept or None)
-    return TrialResult(candidate, steps, "ok", run_dir, measured=measured)
+    return TrialResult(candidate, steps, "ok", run_dir, measured=measured, wall_s=wall_s)
 
 
 def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
@@ -146,7 +148,7 @@ def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
             rss.append(float(end[keys.PEAK_RSS_MB]))
         if isinstance(end.get(keys.PEAK_GPU_MB), int | float):
             gpu.append(float(end[keys.PEAK_GPU_MB]))
-        used = keys.meta_record(records).get("knobs") or {}
+        used = keys.meta_record(records).get(keys.KNOBS) or {}
         kept.update(used.get("kept_by_script") or {})
     return (round(sum(rss), 1) if rss else None), (max(gpu) if gpu else None), kept
 

@@ -131,7 +131,7 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
     best = result.best
     validation = None
     if best is not None and best.candidate.label != default.label:
-        costs = learn_costs(result.trials, request.warmup_steps)
+        costs = learn_costs(result.trials)
         assert costs is not None
         progress.note(f"checking the winner against the defaults at {request.validate_steps} steps")
         validation = validate(default, best.candidate, out_dir, run_trial, steps=request.validate_steps,
@@ -218,11 +218,17 @@ def _memory(m: Any) -> str:
 
 
 def report_lines(output: TuneOutput, data: dict[str, Any]) -> list[str]:
-    """``tune.md``, and what the command prints: the table, the check, the snippet, the command."""
-    lines = ["# scalerun tune", "", f"{output.request.script}: {len(output.result.trials)} trial(s) in "
-             f"{data['spent_s']:.0f} s of a {output.request.budget_s:g} s budget"
-             + (f"; {output.result.skipped} configuration(s) not tried (budget)" if output.result.skipped else ""),
-             "", "```", *ranked_lines(output), "```", ""]
+    """``tune.md``: the header, the table, then :func:`closing_lines`."""
+    return ["# scalerun tune", "", f"{output.request.script}: {len(output.result.trials)} trial(s) in "
+            f"{data['spent_s']:.0f} s of a {output.request.budget_s:g} s budget"
+            + (f"; {output.result.skipped} configuration(s) not tried (budget)" if output.result.skipped else ""),
+            "", "```", *ranked_lines(output), "```", "", *closing_lines(output)]
+
+
+def closing_lines(output: TuneOutput) -> list[str]:
+    """What follows the table, in ``tune.md`` and printed by the command: the check, the
+    options the script kept, the snippet, and the winner's command last."""
+    lines: list[str] = []
     validation = output.validation
     best = output.result.best
     if validation is not None and validation.ratio is not None:
