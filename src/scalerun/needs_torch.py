@@ -33,3 +33,18 @@ def import_torch(needed_for: str) -> ModuleType:
             f"({error}): {INSTALL_HINT}"
         ) from None
     return torch
+
+
+def check_torch(needed_for: str) -> None:
+    """The same one line as :func:`import_torch` where this Python has no torch, without
+    importing it (1-2 s of CPU): for a launcher whose ranks, not itself, use torch."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError) as error:
+        raise TorchMissingError(f"torch is needed for {needed_for}, and {sys.executable} cannot "
+                                f"find it ({error}): {INSTALL_HINT}") from None
+    if not found:
+        raise TorchMissingError(f"torch is needed for {needed_for}, and {sys.executable} cannot "
+                                f"import it (No module named 'torch'): {INSTALL_HINT}")

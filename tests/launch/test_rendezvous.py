@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import subprocess
 import sys
@@ -70,20 +71,30 @@ def test_store_listens_on_loopback_only_and_serves_the_ranks() -> None:
     assert again.bootstrap_store_info.master_port == port
 
 
-def test_ranks_meet_on_the_loopback_address(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("agent", "agent_store"), [("", "False"), ("torch", "True")])
+def test_ranks_meet_on_the_loopback_address(tmp_path: Path, agent: str, agent_store: str) -> None:
+    """Without torch elastic's agent (one node, no restarts) rank 0 hosts the store of a
+    plain ``init_process_group`` script, and it listens on the loopback address only, as
+    the agent's does (the rank's boot hook binds it); ``SCALERUN_LOCAL_AGENT=torch`` keeps
+    the agent's store."""
     script = tmp_path / "plain.py"
     script.write_text(textwrap.dedent("""
-        import os, torch, torch.distributed as dist
+        import os, psutil, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         t = torch.tensor([dist.get_rank() + 1])
         dist.all_reduce(t)
+        port = int(os.environ["MASTER_PORT"])
+        listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp")
+                            if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
         print("rdzv", os.environ["MASTER_ADDR"], os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
-              int(t), flush=True)
+              int(t), "store on", ",".join(listening) or "-", flush=True)
         dist.destroy_process_group()
     """))
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2",
                            "--no-monitor", str(script)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SCALERUN_LOCAL_AGENT": agent})
     assert done.returncode == 0, done.stderr
-    assert "[rank0]: rdzv 127.0.0.1 True 3" in done.stdout
-    assert "[rank1]: rdzv 127.0.0.1 True 3" in done.stdout
+    hosted_by_rank0 = "127.0.0.1" if agent_store == "False" else "-"
+    assert f"[rank0]: rdzv 127.0.0.1 {agent_store} 3 store on {hosted_by_rank0}" in done.stdout
+    assert f"[rank1]: rdzv 127.0.0.1 {agent_store} 3 store on -" in done.stdout

@@ -81,12 +81,16 @@ STEP_HOOKS = "SCALERUN_STEP_HOOKS"
 """``1``: every optimizer step goes into the step log, whatever the loop (torch's global
 optimizer hooks, installed in ranks that do not import scalerun by ``scalerun exec``);
 ``0`` turns them off."""
+LOCAL_AGENT = "SCALERUN_LOCAL_AGENT"
+"""``torch``: a one-node local launch without restarts runs its ranks under torch elastic's
+agent, as launches with restarts or several nodes do; by default scalerun starts and
+watches them itself, without importing torch (``scalerun/launch/local/direct.py``)."""
 
 ALL = (
     SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
     PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL, STEP_HOOKS,
-    WARM_CACHE, WARM_CACHE_GB,
+    WARM_CACHE, WARM_CACHE_GB, LOCAL_AGENT,
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 

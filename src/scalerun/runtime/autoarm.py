@@ -87,9 +87,23 @@ def arm_after_torch(environ: Mapping[str, str] | None = None) -> None:
     if not wanted(environ):
         return
     if ARM_AFTER in sys.modules:
-        arm_quietly()
+        after_torch()
     else:
-        sys.meta_path.insert(0, RunAfterImport(ARM_AFTER, arm_quietly))
+        sys.meta_path.insert(0, RunAfterImport(ARM_AFTER, after_torch))
+
+
+def after_torch() -> None:
+    """What a rank that does not import scalerun gets once it imports torch: the step-log
+    hooks, and rank 0's rendezvous store on the ranks' address only
+    (:func:`scalerun.runtime.store.bind_env_store`). Never raises."""
+    arm_quietly()
+    try:
+        from scalerun.runtime.store import bind_env_store
+
+        bind_env_store()
+    except Exception as error:  # noqa: BLE001 - the user's script must start regardless
+        print(f"scalerun: rank 0's store keeps torch's own address ({type(error).__name__}: {error})",
+              file=sys.stderr, flush=True)
 
 
 def arm_now(environ: Mapping[str, str] | None = None) -> None:

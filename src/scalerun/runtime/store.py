@@ -96,3 +96,36 @@ def store_on(sock: socket.socket, address: str, port: int, *, fallback_port: int
     except TypeError:
         os.close(fd)
         return dist.TCPStore(address, port if fallback_port is None else fallback_port, **options)
+
+
+def bind_env_store() -> bool:
+    """Rank 0's store listens on the ranks' address in a program that does not import
+    scalerun too: torch's ``env://`` rendezvous (``dist.init_process_group`` with
+    ``MASTER_ADDR``) creates it through ``_create_c10d_store``, which this wraps with the
+    rule of :func:`rendezvous_store`. The boot hook of such a rank calls it once torch is
+    imported (:mod:`scalerun.runtime.autoarm`). Under torch elastic's agent store, or where
+    the address is not certain, or the port is taken, torch's own way runs. True where the
+    wrapper is in place."""
+    import importlib
+
+    # the module: ``torch.distributed.rendezvous`` as an attribute is a function of that name
+    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    original = getattr(torch_rendezvous, "_create_c10d_store", None)
+    if not callable(original) or getattr(original, "scalerun_bound", False):
+        return bool(original)
+
+    def create(hostname: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta,
+               *args: object, **kwargs: object) -> dist.Store:
+        if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            nodes = int(os.environ.get("GROUP_WORLD_SIZE") or 0) or 2  # unknown: as several
+            address = listen_address(str(hostname), nodes)
+            sock = bound_socket(address, int(port)) if address is not None else None
+            if sock is not None:
+                use_libuv = kwargs.get("use_libuv", args[0] if args else True)
+                return store_on(sock, address, int(port), world_size=world_size, is_master=True,
+                                timeout=timeout, multi_tenant=True, use_libuv=use_libuv)
+        return original(hostname, port, rank, world_size, timeout, *args, **kwargs)
+
+    create.scalerun_bound = True  # type: ignore[attr-defined]
+    torch_rendezvous._create_c10d_store = create
+    return True

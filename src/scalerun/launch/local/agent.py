@@ -1,7 +1,9 @@
-"""Run a local job with torch elastic's agent: the ranks, their output, how they ended.
+"""Run a local job: the ranks, their output, how they ended.
 
-Process management is torch's own (``torch.distributed.run`` / elastic agent): it
-restarts, stops the other ranks when one fails and tails their output. scalerun adds
+On one node without restarts scalerun starts and watches the ranks itself
+(:mod:`scalerun.launch.local.direct`). Otherwise process management is torch's own
+(``torch.distributed.run`` / elastic agent): it restarts, stops the other ranks when one
+fails and tails their output. scalerun adds
 what users of the course otherwise do by hand: flags checked before anything starts
 (more ranks than GPUs under NCCL included), rank-prefixed output, and a final line that
 names the rank that failed and how. It sets no thread count: torchrun's blanket
@@ -12,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import start, tail
+from scalerun.launch.local import direct, start, tail
+from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob
 from scalerun.launch.observe import run_observed
 from scalerun.launch.prefix import fill_node, short_node
@@ -71,6 +72,20 @@ def _observed(job: LocalJob) -> int:
 
 
 def _run(job: LocalJob) -> tuple[int, str | None]:
+    """Run the ranks: (exit code, the failure line or None). One node without restarts:
+    scalerun starts and watches them (:mod:`.direct`, no torch in the launcher); else
+    torch elastic's agent."""
+    if direct.applies(job, os.environ):
+        if job.verbose:
+            argv = job.direct_argv if job.direct_argv is not None else job.argv
+            shown = redact_words(list(argv), secret_values(os.environ))
+            print("scalerun launch: torchrun " + " ".join(shown) + " (its agent's work done by scalerun)",
+                  file=sys.stderr)
+        return direct.run(job)
+    return _run_agent(job)
+
+
+def _run_agent(job: LocalJob) -> tuple[int, str | None]:
     """Run torch elastic's agent: (exit code, the failure line or None)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -150,41 +165,3 @@ def run_agent(args: Any) -> None:
         if placeholder:
             del os.environ["OMP_NUM_THREADS"]
     elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
-
-
-def describe_exit(exitcode: int) -> str:
-    """"exit code 3" or "signal SIGKILL" (elastic reports signals as negative codes)."""
-    if exitcode < 0:
-        try:
-            return f"signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit code {exitcode}"
-
-
-def root_failures(failures: dict) -> list[tuple[int, object]]:
-    """The failures that caused the stop, earliest first.
-
-    When one rank fails, elastic sends SIGTERM to the others and reports them as failed
-    too; those are consequences, so they are dropped unless nothing else failed.
-    """
-    ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
-    causes = [item for item in ordered if item[1].exitcode != -signal.SIGTERM]
-    return causes or ordered
-
-
-def failure_message(failures: dict) -> str:
-    """One line naming the rank(s) that failed and how."""
-    parts = [
-        f"rank {rank} (local rank {failure.local_rank} on {socket.gethostname()}, "
-        f"pid {failure.pid}) failed with "
-        f"{describe_exit(failure.exitcode)}"
-        for rank, failure in root_failures(failures)
-    ]
-    return "scalerun launch: error: " + "; ".join(parts) + "; the other ranks were stopped"
-
-
-def exit_code_of(failures: dict) -> int:
-    """The shell-style exit code of the first failure (128 + signal for signals)."""
-    code = root_failures(failures)[0][1].exitcode
-    return 128 + (-code) if code < 0 else (code or 1)

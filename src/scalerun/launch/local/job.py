@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
@@ -131,6 +132,20 @@ def torchrun_argv(plan: LaunchPlan, *, agent_binds: bool = False) -> list[str]:
     if program.entry == "executable":
         argv.append("--no-python")
     return [*argv, program.script, *program.args]
+
+
+def rank_command(plan: LaunchPlan, *, agent_binds: bool, python: str | None = None) -> list[str]:
+    """What each rank runs, as torchrun would start it from :func:`torchrun_argv`'s words:
+    ``python -u SCRIPT ARGS`` (``-m`` for a module, the executable itself with
+    ``--no-python``), or ``scalerun exec --bind`` in front where the launcher does not bind.
+    ``python``: torchrun's own choice, ``PYTHON_EXEC`` or this interpreter."""
+    program, observe = plan.program, plan.request.observe
+    if (observe is not None and observe.command_profiler) or (plan.exec_bind and not agent_binds):
+        return [*exec_bind_words(plan.host_python, program.script, program.entry), *program.args]
+    if program.entry == "executable":
+        return [program.script, *program.args]
+    python = python or os.environ.get("PYTHON_EXEC") or sys.executable
+    return [python, "-u", *(["-m"] if program.entry == "module" else []), program.script, *program.args]
 
 
 def show(job: LocalJob) -> str:

@@ -1,0 +1,322 @@
+"""One node's ranks, started and watched by the launcher itself: no torch in the launcher.
+
+Why: torch elastic's agent (what ``torchrun`` runs) is built for restarts and for nodes
+that join and leave. A launch on one node without restarts, most local launches, needs
+none of it, yet paid for it with ``import torch`` in the launcher: 1.7 s of CPU on the
+2-core VM, before the first rank starts, and more than the whole rest of a trivial launch
+(issue 20: a script that does not import scalerun launched 1.12x slower than with
+``torchrun``). Here the launcher does for that case what the agent does, with the standard
+library only. Launches with ``--max-restarts``, several nodes or a given master port keep
+the agent (:mod:`scalerun.launch.local.agent`), and ``SCALERUN_LOCAL_AGENT=torch`` asks
+for it anyway.
+
+What a rank sees is what torch elastic gives it:
+
+- the agent's variable set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+  ``TORCHELASTIC_RUN_ID`` ...), so a script and :func:`scalerun.init` see a torchrun launch;
+- its own session, started in local-rank order; a program that does not call ``init()``
+  gets its plan (cores, memory node, variables) as it starts (:mod:`.start`);
+- its output copied line-whole, prefixed from the same template
+  (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``), stdout to stdout and stderr to stderr,
+  only the ``--local-ranks-filter`` ranks' shown;
+- when a rank fails, the others get SIGTERM (each rank's session), SIGKILL 30 s later,
+  and one line names the rank that failed (:func:`.failures.failure_message`); SIGINT,
+  SIGTERM, SIGHUP and SIGQUIT sent to the launcher go on to the ranks the same way.
+
+One thing differs: rank 0 hosts the rendezvous store, as under ``srun``, where the agent
+hosted it before (``TORCHELASTIC_USE_AGENT_STORE=False``). It listens on the loopback
+address the ranks are given, never on all addresses: :func:`scalerun.init` binds it there,
+and so does the boot hook of a rank that does not import scalerun
+(:func:`scalerun.runtime.store.bind_env_store`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from string import Template
+from typing import IO, Any, TextIO
+
+from scalerun.launch.local.failures import exit_code_of, failure_message
+from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
+from scalerun.plan import variables
+
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_S = 30.0
+"""Between SIGTERM and SIGKILL when the ranks are stopped (torch elastic's close timeout)."""
+POLL_S = 0.1
+"""How often rank ends are looked for where the kernel has no process descriptors
+(torchrun's ``--monitor-interval``); with them, an end is seen at once."""
+DRAIN_S = 5.0
+"""How long the last output is copied after every rank ended: a rank's child that outlives
+it and keeps the output pipe open must not hold the launcher."""
+SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+FORWARDED = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+"""What the launcher passes on to the ranks: torch elastic's default list, which its
+variable changes (``torchrun --signals-to-handle``); the ranks see it, as under torchrun."""
+
+
+def applies(job: LocalJob, environ: Mapping[str, str]) -> bool:
+    """One node, no restarts, no rendezvous address asked for, and not turned off."""
+    options = job.plan.request.local
+    one_node = options.standalone or (options.nnodes == 1 and options.master_port is None
+                                      and options.master_addr is None)
+    return (one_node and job.max_restarts == 0
+            and environ.get(variables.LOCAL_AGENT, "").strip().lower() != "torch")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A rank that ended with a non-zero code: what :func:`.failures.failure_message` reads of
+    torch elastic's ``ProcessFailure``."""
+
+    local_rank: int
+    pid: int
+    exitcode: int
+    """Negative for a signal, as ``Popen.returncode`` and torch elastic give it."""
+    timestamp: float
+
+
+def rank_variables(local_rank: int, nproc: int, port: int, run_id: str,
+                   environ: Mapping[str, str]) -> dict[str, str]:
+    """torch elastic's variables for local rank ``local_rank`` of a one-node job
+    (``LocalElasticAgent._start_workers``), with rank 0 hosting the store."""
+    rank, size = str(local_rank), str(nproc)
+    return {
+        "RANK": rank, "LOCAL_RANK": rank, "GROUP_RANK": "0", "ROLE_RANK": rank, "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": size, "WORLD_SIZE": size, "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": size,
+        "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        SIGNALS_VARIABLE: environ.get(SIGNALS_VARIABLE, FORWARDED),
+    }
+
+
+def line_prefix(template: str | None, local_rank: int) -> str:
+    """The rank's prefix from torch elastic's template (its default without one)."""
+    if template is None:
+        return f"[default{local_rank}]:"
+    return Template(template).safe_substitute(role_name="default", rank=local_rank, local_rank=local_rank)
+
+
+def free_port(address: str = LOOPBACK) -> int:
+    """A port free on ``address`` now, for rank 0's store (torchrun's ``--standalone`` way)."""
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+class Output:
+    """The shown ranks' output: each line whole, prefixed, in one write under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def follow(self, pipe: IO[bytes], dst: TextIO, prefix: str) -> None:
+        thread = threading.Thread(target=self._copy, args=(pipe, dst, prefix), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _copy(self, pipe: IO[bytes], dst: TextIO, prefix: str) -> None:
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                text = raw.decode(errors="replace")
+                self.write(dst, prefix + (text if text.endswith("\n") else text + "\n"))
+
+    def write(self, dst: TextIO, text: str) -> None:
+        with self.lock:
+            try:
+                dst.write(text)
+            except UnicodeEncodeError:  # a console that cannot show a character
+                encoding = dst.encoding or "ascii"
+                dst.write(text.encode(encoding, "replace").decode(encoding))
+            except (OSError, ValueError):  # the console went away: the ranks go on
+                return
+            with contextlib.suppress(OSError, ValueError):
+                dst.flush()
+
+    def drain(self, seconds: float = DRAIN_S) -> None:
+        deadline = time.monotonic() + seconds
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class Ranks:
+    """The started ranks, and a stop that reaches every one of them once."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.stop_signal: int | None = None
+
+    def signal_all(self, number: int) -> None:
+        """``number`` to each running rank's session (its children too)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, number)
+
+    def stop(self, number: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
+        """``number``, then SIGKILL to whatever still runs ``grace_s`` later."""
+        self.signal_all(number)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+        if any(proc.poll() is None for proc in self.procs.values()):
+            self.signal_all(signal.SIGKILL)
+            for proc in self.procs.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace_s)  # a rank in uninterruptible sleep is left behind
+
+    def on_signal(self, number: int, _frame: Any) -> None:
+        """A signal to the launcher: on to the ranks at once; the wait sees them end."""
+        if self.stop_signal is None:
+            self.stop_signal = number
+        self.signal_all(number)
+
+
+@contextlib.contextmanager
+def forwarding(ranks: Ranks) -> Iterator[None]:
+    """Within the block, the :data:`FORWARDED` signals go on to the ranks (main thread only:
+    elsewhere Python cannot take signals, and the caller's own handling stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.signal(number, ranks.on_signal)
+              for number in forwarded(os.environ.get(SIGNALS_VARIABLE, FORWARDED))}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def forwarded(names: str) -> list[signal.Signals]:
+    """The signals a comma-separated list names (torch elastic's format); unknown names are
+    left out, as torch elastic does with a warning."""
+    found = []
+    for name in names.split(","):
+        try:
+            found.append(signal.Signals[name.strip()])
+        except KeyError:
+            continue
+    return found
+
+
+def run(job: LocalJob) -> tuple[int, str | None]:
+    """Start the ranks, copy their output, wait: (exit code, the failure line or None)."""
+    from scalerun.launch.local import start
+
+    nproc = job.nproc_per_node
+    binds = job.direct_argv is not None
+    command = rank_command(job.plan, agent_binds=binds)
+    options = job.plan.request.local
+    shown = set(options.ranks_filter) or set(range(nproc))
+    port, run_id = free_port(), str(uuid.uuid4())
+    template = os.environ.get(PREFIX_VARIABLE)
+    ranks, output = Ranks(), Output()
+    with forwarding(ranks):
+        for local_rank in range(nproc):
+            if ranks.stop_signal is not None:
+                break
+            env = {**os.environ, **rank_variables(local_rank, nproc, port, run_id, os.environ)}
+            streams: dict[str, Any] = {}
+            if local_rank not in shown:
+                streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            elif options.prefix_output:
+                streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+            with start.thread_kept() if binds else contextlib.nullcontext():
+                if binds:
+                    env.update(start.rank_start_env(env))
+                proc = subprocess.Popen(command, env=env, start_new_session=True, **streams)
+            ranks.procs[local_rank] = proc
+            if proc.stdout is not None and proc.stderr is not None:
+                prefix = line_prefix(template, local_rank)
+                output.follow(proc.stdout, sys.stdout, prefix)
+                output.follow(proc.stderr, sys.stderr, prefix)
+        failures = wait(ranks)
+        if ranks.stop_signal is not None:
+            ranks.stop(ranks.stop_signal)
+        elif failures:
+            ranks.stop(signal.SIGTERM)
+            failures.update(ended_badly(ranks, skip=set(failures)))
+    output.drain()
+    if ranks.stop_signal is not None:
+        name = signal.Signals(ranks.stop_signal).name
+        return 128 + ranks.stop_signal, f"scalerun launch: error: stopped by {name}; the ranks were stopped"
+    if failures:
+        return exit_code_of(failures), failure_message(failures)
+    return 0, None
+
+
+def wait(ranks: Ranks) -> dict[int, Failure]:
+    """Until every rank ended, one failed, or a signal came: the failures seen."""
+    running = set(ranks.procs)
+    with contextlib.closing(EndWatch(ranks.procs)) as watch:
+        while running and ranks.stop_signal is None:
+            failures = ended_badly(ranks, skip=set(ranks.procs) - running)
+            if failures:
+                return failures
+            for rank in [rank for rank in running if ranks.procs[rank].poll() is not None]:
+                running.discard(rank)
+                watch.forget(rank)
+            if running:
+                watch.next_end()
+    return {}
+
+
+def ended_badly(ranks: Ranks, skip: set[int]) -> dict[int, Failure]:
+    """The ranks (not in ``skip``) that ended with a non-zero code, stamped now."""
+    now = time.time()
+    return {rank: Failure(rank, proc.pid, proc.returncode, now) for rank, proc in ranks.procs.items()
+            if rank not in skip and proc.poll() is not None and proc.returncode != 0}
+
+
+class EndWatch:
+    """Waits until a rank may have ended: at once where the kernel has process descriptors
+    (``pidfd_open``, Linux 5.3), else :data:`POLL_S` at a time. A signal to the launcher
+    is forwarded by its handler; the ranks it ends wake the wait."""
+
+    def __init__(self, procs: Mapping[int, subprocess.Popen[bytes]]) -> None:
+        self.fds: dict[int, int] = {}
+        self.selector: selectors.BaseSelector | None = selectors.DefaultSelector()
+        try:
+            for rank, proc in procs.items():
+                self.fds[rank] = os.pidfd_open(proc.pid)
+                self.selector.register(self.fds[rank], selectors.EVENT_READ)
+        except (AttributeError, OSError):
+            self.close()
+
+    def forget(self, rank: int) -> None:
+        """An ended rank, whose descriptor would wake every wait from now on."""
+        fd = self.fds.pop(rank, None)
+        if fd is not None:
+            if self.selector is not None:
+                self.selector.unregister(fd)
+            os.close(fd)
+
+    def next_end(self) -> None:
+        if self.selector is None:
+            time.sleep(POLL_S)
+        else:
+            self.selector.select(1.0)
+
+    def close(self) -> None:
+        if self.selector is not None:
+            self.selector.close()
+            self.selector = None
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()

@@ -1,0 +1,51 @@
+"""How a local job's ranks ended, as one line: the rank that failed first, and how.
+
+Why its own module: both starters of local ranks (torch elastic's agent,
+:mod:`scalerun.launch.local.agent`, and scalerun's own, :mod:`scalerun.launch.local.direct`)
+report failures alike. A failure is anything with ``local_rank``, ``pid``, ``exitcode``
+(negative for a signal) and ``timestamp``: torch elastic's ``ProcessFailure`` or
+:class:`scalerun.launch.local.direct.Failure`, keyed by global rank.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+
+def describe_exit(exitcode: int) -> str:
+    """"exit code 3" or "signal SIGKILL" (elastic reports signals as negative codes)."""
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def root_failures(failures: dict) -> list[tuple[int, object]]:
+    """The failures that caused the stop, earliest first.
+
+    When one rank fails, elastic sends SIGTERM to the others and reports them as failed
+    too; those are consequences, so they are dropped unless nothing else failed.
+    """
+    ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    causes = [item for item in ordered if item[1].exitcode != -signal.SIGTERM]
+    return causes or ordered
+
+
+def failure_message(failures: dict) -> str:
+    """One line naming the rank(s) that failed and how."""
+    parts = [
+        f"rank {rank} (local rank {failure.local_rank} on {socket.gethostname()}, "
+        f"pid {failure.pid}) failed with "
+        f"{describe_exit(failure.exitcode)}"
+        for rank, failure in root_failures(failures)
+    ]
+    return "scalerun launch: error: " + "; ".join(parts) + "; the other ranks were stopped"
+
+
+def exit_code_of(failures: dict) -> int:
+    """The shell-style exit code of the first failure (128 + signal for signals)."""
+    code = root_failures(failures)[0][1].exitcode
+    return 128 + (-code) if code < 0 else (code or 1)

@@ -1,0 +1,188 @@
+"""One node without restarts: scalerun starts and watches the ranks itself, no torch in the
+launcher (``scalerun/launch/local/direct.py``). Real launches, compared with torch
+elastic's agent (``SCALERUN_LOCAL_AGENT=torch``) where the two must agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerun.launch.local import direct
+from tests.launch.requests import local_job
+
+SCALERUN = [sys.executable, "-m", "scalerun"]
+TORCH_AGENT = {"SCALERUN_LOCAL_AGENT": "torch"}
+
+
+def launch(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SCALERUN, "launch", "--no-monitor", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.parametrize(("fields", "environ", "expected"), [
+    ({}, {}, True),
+    ({}, TORCH_AGENT, False),
+    ({}, {"SCALERUN_LOCAL_AGENT": "Torch "}, False),
+    ({"max_restarts": 1}, {}, False),
+    ({"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29511}, {}, False),
+    ({"master_port": 29511}, {}, False),
+    ({"standalone": True}, {}, True),
+])
+def test_which_launches_run_without_torch_elastic(tmp_path: Path, fields: dict, environ: dict,
+                                                   expected: bool) -> None:
+    job = local_job(script=str(write(tmp_path, "t.py", "print(1)\n")), nproc_per_node=2, **fields)
+    assert direct.applies(job, environ) is expected
+
+
+def test_prefixes_follow_torch_elastics_template() -> None:
+    assert direct.line_prefix("[rank${rank}]: ", 3) == "[rank3]: "
+    assert direct.line_prefix("${role_name}/${local_rank} ${unknown}| ", 1) == "default/1 ${unknown}| "
+    assert direct.line_prefix(None, 2) == "[default2]:"  # torch's header without a template
+
+
+SHOW_ENV = """
+    import json, os
+    names = [n for n in os.environ if n in {NAMES} or n.startswith("TORCHELASTIC_")]
+    print("ENV " + json.dumps({n: os.environ[n] for n in names}), flush=True)
+"""
+
+
+def test_ranks_see_the_variables_torch_elastic_gives_them(tmp_path: Path) -> None:
+    """The same names, and the same values but for the run's own (id, port, store host, the
+    agent's error file and prefix template, which only the agent has)."""
+    names = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+             "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"}
+    script = write(tmp_path, "env.py", SHOW_ENV.replace("{NAMES}", repr(names)))
+    seen = {}
+    for agent, env in (("direct", {}), ("torch", TORCH_AGENT)):
+        done = launch("--nproc-per-node", "2", str(script), **env)
+        assert done.returncode == 0, done.stderr
+        seen[agent] = {int(v["RANK"]): v for v in (json.loads(line.split("ENV ", 1)[1])
+                                                    for line in done.stdout.splitlines() if "ENV " in line)}
+    own = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"}
+    for rank in (0, 1):
+        mine, torchs = seen["direct"][rank], seen["torch"][rank]
+        assert set(mine) | {"TORCHELASTIC_ERROR_FILE"} == set(torchs) | {"TORCHELASTIC_ERROR_FILE"}
+        assert {k: v for k, v in mine.items() if k not in own} == {k: v for k, v in torchs.items() if k not in own}
+        assert mine["TORCHELASTIC_USE_AGENT_STORE"] == "False" and torchs["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert seen["direct"][0]["TORCHELASTIC_RUN_ID"] == seen["direct"][1]["TORCHELASTIC_RUN_ID"]
+    assert seen["direct"][0]["MASTER_PORT"] == seen["direct"][1]["MASTER_PORT"]
+
+
+def test_the_launcher_imports_no_torch(tmp_path: Path) -> None:
+    """What makes a launch cheap: torch is imported by the ranks that use it, not by the
+    launcher (torch elastic's agent imports it, 1-2 s of CPU)."""
+    script = write(tmp_path, "hello.py", "print('hello')\n")
+
+    def imported(**env: str) -> set[str]:
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "scalerun", "launch", "--no-monitor",
+                               "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("hello") == 2
+        return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+
+    assert not any(name == "torch" or name.startswith("torch.") for name in imported())
+    assert "torch" in imported(**TORCH_AGENT)
+
+
+def test_many_ranks_printing_at_once_keep_their_lines_whole(tmp_path: Path) -> None:
+    script = write(tmp_path, "chatty.py", """
+        import os, sys
+        rank = os.environ["RANK"]
+        for i in range(300):
+            print(f"line {i} of rank {rank} " + "x" * (i % 50))
+            print(f"err {i} of rank {rank}", file=sys.stderr)
+        print("no newline at the end", end="")
+    """)
+    done = launch("--nproc-per-node", "4", str(script))
+    assert done.returncode == 0, done.stderr
+    out = [line for line in done.stdout.splitlines() if line.startswith("[rank")]
+    err = [line for line in done.stderr.splitlines() if line.startswith("[rank")]
+    assert len(out) == 4 * 301 and len(err) == 4 * 300
+    for rank in range(4):
+        mine = [line for line in out if line.startswith(f"[rank{rank}]: ")]
+        assert mine[:-1] == [f"[rank{rank}]: line {i} of rank {rank} " + "x" * (i % 50) for i in range(300)]
+        assert mine[-1] == f"[rank{rank}]: no newline at the end"
+        assert [line for line in err if line.startswith(f"[rank{rank}]: ")] == [
+            f"[rank{rank}]: err {i} of rank {rank}" for i in range(300)]
+
+
+def test_a_signal_to_the_launcher_stops_the_ranks_and_is_one_line(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = write(tmp_path, "wait.py", f"""
+        import os, signal, sys, time
+        def stop(number, frame):
+            open({str(tmp_path)!r} + f"/got-{{os.environ['RANK']}}", "w").write(signal.Signals(number).name)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(ready)!r} + os.environ["RANK"], "w").close()
+        time.sleep(300)
+    """)
+    process = subprocess.Popen([*SCALERUN, "launch", "--no-monitor", "--nproc-per-node", "2", str(script)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{ready}{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == "scalerun launch: error: stopped by SIGTERM; the ranks were stopped"
+    assert "Traceback" not in err
+    assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGTERM", "SIGTERM"]
+
+
+def test_a_child_left_holding_the_output_does_not_hold_the_launch(tmp_path: Path) -> None:
+    """A rank that ends while a process it started still has its output open: the launch
+    ends within the drain time, not when that process does."""
+    pid_file = tmp_path / "child.pid"
+    script = write(tmp_path, "leave.py", f"""
+        import os, subprocess
+        print("started", flush=True)
+        if os.environ["RANK"] == "0":
+            child = subprocess.Popen(["sleep", "120"])
+            open({str(pid_file)!r}, "w").write(str(child.pid))
+    """)
+    start = time.monotonic()
+    try:
+        done = launch("--nproc-per-node", "2", str(script), timeout=100)
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("started") == 2
+    assert time.monotonic() - start < direct.DRAIN_S + 60  # not the child's 120 s
+
+
+def test_filtered_ranks_are_not_shown_but_still_fail_the_launch(tmp_path: Path) -> None:
+    script = write(tmp_path, "f.py", """
+        import os, sys
+        print("from", os.environ["RANK"], flush=True)
+        sys.exit(5 if os.environ["RANK"] == "1" else 0)
+    """)
+    done = launch("--nproc-per-node", "2", "--local-ranks-filter", "0", str(script))
+    assert done.returncode == 5
+    assert "[rank0]: from 0" in done.stdout and "from 1" not in done.stdout
+    assert "rank 1 (local rank 1" in done.stderr.strip().splitlines()[-1]
+
+
+def test_the_signals_passed_on_follow_torch_elastics_variable() -> None:
+    assert direct.forwarded(direct.FORWARDED) == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                                  signal.SIGQUIT]
+    assert direct.forwarded("SIGUSR1, SIGNOPE,SIGTERM") == [signal.SIGUSR1, signal.SIGTERM]
