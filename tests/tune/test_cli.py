@@ -75,6 +75,9 @@ def test_a_real_tuning_ranks_checks_and_resumes(tmp_path: Path) -> None:
     (["--budget", "0", "--batch", "4"], "--budget 0 s: give a positive time"),
     (["--budget", "soon"], "'soon' is not a duration"),
     (["--batch", "4", "--first-steps", "3", "--warmup-steps", "3"], "--first-steps 3 must exceed --warmup-steps 3"),
+    (["--batch", "4", "--nodes", "0"], "argument --nodes: 0: give 1 or more"),
+    (["--batch", "4", "--nodes", "1", "--launch-arg=--nodes=2"], "give --nodes to scalerun tune"),
+    (["--batch", "4", "--launch-arg=--wait"], "scalerun tune adds --wait to every trial itself"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(tmp_path: Path, words: list[str], message: str) -> None:
     done = tune(*words, "--out", str(tmp_path / "t"), str(POOR), "--", "--batch-size", "{per_rank_batch}",

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.commands.tune import OVERRUN
 from scalerun.plan.knobs import knobs_text
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
-from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost
+from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost, learn_costs
 from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates
 from scalerun.tune.trials import TRIAL_FILE
 from scalerun.tune.tuner import TUNE_FILE, TuneRequest, tune
@@ -260,3 +261,46 @@ def test_the_report_names_the_options_the_script_kept(tmp_path: Path) -> None:
     assert output.best.measured.knobs_kept == {"loader_workers": 3}
     assert ("The script sets loader_workers=3 itself; the tuner left those alone."
             in (tmp_path / "tune.md").read_text())
+
+
+class Queued(StandIn):
+    """Each trial first waits in a queue (``waits``, in turn: a SLURM job's), then runs, and is
+    stopped as the real runners stop it (:class:`scalerun.commands.tune.Trials`): when the
+    budget and 5 % more are spent; once they are, it does not start."""
+
+    def __init__(self, clock: Clock, waits: list[float], budget_s: float) -> None:
+        super().__init__(clock)
+        self.waits, self.budget_s = waits, budget_s
+
+    def __call__(self, candidate: Candidate, steps: int, run_dir: Path) -> RunOutcome:
+        start, timeout = self.clock.now, self.budget_s * (1 + OVERRUN) - self.clock.now
+        if timeout <= 0:
+            return RunOutcome(exit_code=124, error="not started: the budget is spent")
+        wait = self.waits[len(self.runs) % len(self.waits)]
+        outcome = super().__call__(candidate, steps, run_dir)
+        self.clock.now += wait
+        if self.clock.now - start > timeout:
+            self.clock.now = start + timeout
+            return RunOutcome(exit_code=124, log=run_dir / "launch.log", error="still running; stopped")
+        return outcome
+
+
+@pytest.mark.parametrize("budget_s", [60.0, 150.0, 400.0])
+@pytest.mark.parametrize("waits", [[2.0, 0.5, 40.0, 1.0, 3.0], [5.0, 5.0, 90.0]])  # now and then a long one
+def test_a_wait_in_the_queue_counts_as_start_up_and_the_budget_still_holds(
+        tmp_path: Path, budget_s: float, waits: list[float]) -> None:
+    clock = Clock()
+    output = tune(request(budget_s=budget_s), tmp_path, Queued(clock, waits, budget_s), Quiet(), clock=clock)
+    assert clock.now <= budget_s * 1.10
+    ok = [r for r in output.result.trials if r.ok]
+    assert len(ok) >= 2 and output.best.speed >= output.result.default.speed
+    costs = learn_costs(ok)
+    assert STARTUP_S < costs.startup_s < STARTUP_S + 10.0  # the waits' median, not the long one
+    assert output.validation is None or output.validation.pairs
+
+
+def test_a_long_wait_for_every_job_still_leaves_room_for_a_second_configuration(tmp_path: Path) -> None:
+    clock = Clock()  # 30 s in the queue for each job: the first round's share alone holds no trial
+    output = tune(request(budget_s=150), tmp_path, Queued(clock, [30.0], 150), Quiet(), clock=clock)
+    assert len([r for r in output.result.trials if r.ok]) == 2 and output.validation.pairs
+    assert clock.now <= 150 * 1.10

@@ -43,6 +43,15 @@ def test_a_fixed_global_batch_is_shared_by_the_ranks_that_divide_it() -> None:
         candidates(NodeFacts(cpus=8, global_batch=12, default_ranks=8))
 
 
+def test_a_global_batch_on_several_nodes_is_shared_by_every_rank_of_every_node() -> None:
+    space = candidates(NodeFacts(cpus=8, nodes=2, global_batch=24))
+    assert {(c.ranks, c.per_rank_batch) for c in space} == {(1, 12), (2, 6), (4, 3)}  # 8 x 2 does not divide 24
+    with pytest.raises(TuneError, match="--global-batch 12 does not divide by the default 16 rank"):
+        candidates(NodeFacts(cpus=8, nodes=2, global_batch=12, default_ranks=8))
+    with pytest.raises(TuneError, match="--nodes 0: give 1 or more nodes"):
+        candidates(NodeFacts(cpus=8, nodes=0))
+
+
 def test_gpu_nodes_try_precision_and_compile_with_one_rank_per_gpu() -> None:
     space = candidates(NodeFacts(cpus=56, gpus=8, batch=32, max_batch=64))
     assert {c.ranks for c in space} == {8}

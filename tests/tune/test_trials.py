@@ -18,6 +18,7 @@ CANDIDATE = Candidate(ranks=2, knobs=Knobs(threads=1, loader_workers=0), per_ran
     (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "infeasible"),
     (1, "scalerun launch: rank 1 on node0 ended with signal SIGKILL", "infeasible"),  # the OOM killer
     (137, "", "infeasible"),
+    (1, "scalerun launch: job 12 OUT_OF_MEMORY (exit code 1): rank 0 on nid000001 killed", "infeasible"),  # SLURM's
     (1, "RuntimeError: DataLoader worker (pid 12) is killed by signal: Killed.\nMemoryError", "infeasible"),
     (1, "ValueError: --batch-size must be positive", "failed"),
     (124, "", "timeout"),

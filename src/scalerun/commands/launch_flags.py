@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from scalerun import profile, rundir
 from scalerun.commands.flags import add_hyperthreads_argument, add_site_argument
@@ -279,6 +279,25 @@ def given(value: object) -> bool:
     return value is not None and value is not False and value != []
 
 
+class _WordsParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"--launch-arg: {message}")
+
+
+def slurm_flags_of(words: Sequence[str]) -> argparse.Namespace:
+    """The SLURM flags among ``scalerun launch`` words that another command passes through
+    (``--launch-arg``), read as ``launch`` reads them; the other words are left alone.
+    ``slurm_given(slurm_flags_of(words))`` says whether those words make a launch SLURM's."""
+    parser = _WordsParser(add_help=False)
+    add_slurm_arguments(parser)
+    return parser.parse_known_args(list(words))[0]
+
+
+def slurm_given(args: argparse.Namespace) -> bool:
+    """True when a SLURM-only flag was given (``--mode`` and ``--dry-run`` aside)."""
+    return any(given(getattr(args, dest, None)) for dest in SLURM_ONLY_DESTS)
+
+
 def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
                       slurm: bool | None = None, observe: bool = True) -> LaunchRequest:
     """The namespace as one request: what the user gave, None where they did not.
@@ -289,7 +308,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
     backend that runs on this machine can count its GPUs (:func:`resolve_nproc_words`).
     """
     env = os.environ if environ is None else environ
-    on_slurm = any(given(getattr(args, d, None)) for d in SLURM_ONLY_DESTS) if slurm is None else slurm
+    on_slurm = slurm_given(args) if slurm is None else slurm
     program = program_from_args(args)
     return LaunchRequest(
         program=program,

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.commands.flags import add_site_argument, after_dashes
+from scalerun.commands.slurm_runs import cluster_gpus, job_command, run_job_logged, runs_on_slurm
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
-from scalerun.sites import resolve_site
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def study_request(args: argparse.Namespace) -> tuple[Any, bool]:
     from scalerun.scaling import StudyRequest
 
     script_args = after_dashes(args.script_args)
-    on_slurm = args.nodes is not None or args.site is not None
+    on_slurm = runs_on_slurm(args)
     gpus, most, source = capacity(args, on_slurm)
     steps_args = tuple(arg.replace("{steps}", str(args.steps)) if args.steps else arg for arg in script_args)
     request = StudyRequest(
@@ -95,8 +95,7 @@ def study_request(args: argparse.Namespace) -> tuple[Any, bool]:
 def capacity(args: argparse.Namespace, on_slurm: bool) -> tuple[int | None, int | None, str]:
     """(ranks per node, most ranks a size may have, where that limit comes from)."""
     if on_slurm:
-        site = resolve_site(args.site)
-        gpus = args.gpus_per_node if args.gpus_per_node is not None else (site.node.gpus or None)
+        gpus, site = cluster_gpus(args)
         if args.ranks is not None and gpus is None:
             raise ScalerunError("--ranks on SLURM needs --gpus-per-node (ranks per node); or give --nodes")
         return gpus, None, f"site {site.name}"
@@ -141,13 +140,12 @@ class SlurmSizes:
 
     def run_size(self, size: Any, run_dir: Path) -> Any:
         from scalerun.scaling import substitute
-        from scalerun.scaling.study import LAUNCH_LOG, run_logged
+        from scalerun.scaling.study import LAUNCH_LOG
 
-        steps = ["--env", f"{variables.MAX_STEPS}={self.args.steps}"] if self.args.steps else []
         command = [sys.executable, "-m", "scalerun", "launch", "--nodes", str(size.nodes), *self.common(),
-                   *steps, "--wait", "--run-dir", str(run_dir.resolve()), self.request.script,
-                   *substitute(self.request.script_args, size.per_rank_batch)]
-        return run_logged(command, run_dir / LAUNCH_LOG, self.args.timeout)
+                   self.request.script, *substitute(self.request.script_args, size.per_rank_batch)]
+        return run_job_logged(job_command(command, run_dir, self.args.steps), run_dir / LAUNCH_LOG,
+                              self.args.timeout)
 
     def measure_busbw(self) -> float | None:
         nodes = max(size.nodes for size in self.request.sizes)

@@ -143,7 +143,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     default = run(candidates[0], first_steps)
     if not default.ok:
         raise TuneError(f"the default configuration did not run ({default.status}: {default.error}); "
-                        f"fix the script first (log: {default.run_dir})")
+                        f"fix the script or the launch first (log: {default.run_dir})")
     costs = learn_costs(trials)
     assert costs is not None
     search_end = budget.total_s - validation_s(costs)
@@ -155,7 +155,10 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     random.Random(seed).shuffle(others)  # ties and the order of a full first round
     held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end - budget.spent_s)
     adaptive = held < len(candidates)
-    first_end = (budget.spent_s + (search_end - budget.spent_s) * FIRST_ROUND_SHARE) if adaptive else search_end
+    first_end = search_end
+    if adaptive:  # its share, but room for the one more trial that first_round_size counted on at least
+        first_end = budget.spent_s + max((search_end - budget.spent_s) * FIRST_ROUND_SHARE,
+                                         costs.predict(candidates[0], first_steps) if held > 1 else 0.0)
     rung = [candidates[0]]
     skipped = 0
     while others:
@@ -204,7 +207,9 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
 
 
 FIRST_ROUND_SHARE = 0.6
-"""Of the search's time, what an adaptive first round may use; the later rungs get the rest."""
+"""Of the search's time, what an adaptive first round may use (at least one more trial, where
+costly start-ups such as a SLURM queue's wait make the share hold none); the later rungs get
+the rest."""
 DIMENSIONS = ("batch", "share", "ranks", "precision", "compile")
 """What a neighbour changes, one at a time, in the order a tie is broken."""
 

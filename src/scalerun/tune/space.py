@@ -41,14 +41,18 @@ class NodeFacts:
     """What the space is built from: the node as counts, and the user's own choices."""
 
     cpus: int
-    """Cores the ranks may use on this node."""
+    """Cores the ranks may use on a node (this one, or a SLURM job's)."""
     gpus: int = 0
     default_ranks: int | None = None
     """``--nproc-per-node`` as given; None: the planner's (one per GPU, else one)."""
+    nodes: int = 1
+    """Nodes of every trial (``--nodes``, SLURM): the ranks per node are tried, the world
+    is ranks x nodes."""
     batch: int | None = None
     """``--batch``: the per-rank batch of the default run ({per_rank_batch})."""
     global_batch: int | None = None
-    """``--global-batch``: fixed over all ranks; each candidate's per-rank batch divides it."""
+    """``--global-batch``: fixed over all ranks of all nodes; each candidate's per-rank
+    batch divides it."""
     max_batch: int | None = None
     """The largest per-rank batch to try (default: ``batch`` x the largest factor)."""
 
@@ -111,9 +115,10 @@ def default_candidate(facts: NodeFacts) -> Candidate:
 
 
 def batch_for(facts: NodeFacts, ranks: int, wanted: int | None) -> int | None:
-    """The per-rank batch at ``ranks``: the global batch's share when it is fixed."""
+    """The per-rank batch at ``ranks`` per node: the global batch's share when it is fixed."""
     if facts.global_batch is not None:
-        return facts.global_batch // ranks if facts.global_batch % ranks == 0 else None
+        world = ranks * facts.nodes
+        return facts.global_batch // world if facts.global_batch % world == 0 else None
     return wanted
 
 
@@ -125,7 +130,7 @@ def rank_counts(facts: NodeFacts) -> list[int]:
     if facts.default_ranks:
         counts = sorted({*counts, facts.default_ranks})
     if facts.global_batch is not None:
-        counts = [n for n in counts if facts.global_batch % n == 0]
+        counts = [n for n in counts if facts.global_batch % (n * facts.nodes) == 0]
     return counts
 
 
@@ -158,10 +163,13 @@ def candidates(facts: NodeFacts) -> list[Candidate]:
     """Every candidate of the first search, the default first, each configuration once."""
     if facts.cpus < 1:
         raise TuneError("the node shows no usable CPU; check the CPUs this process may run on")
+    if facts.nodes < 1:
+        raise TuneError(f"--nodes {facts.nodes}: give 1 or more nodes")
     base = default_candidate(facts)
+    world = base.ranks * facts.nodes
     if facts.global_batch is not None and base.per_rank_batch is None:
         raise TuneError(f"--global-batch {facts.global_batch} does not divide by the default "
-                        f"{base.ranks} rank(s); give a multiple of {base.ranks}")
+                        f"{world} rank(s); give a multiple of {world}")
     found: dict[tuple, Candidate] = {_key(base): base}
     precisions = (None, "bf16") if facts.gpus else (None,)
     compiles = (None, "default") if facts.gpus else (None,)

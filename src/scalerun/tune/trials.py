@@ -7,7 +7,7 @@ written atomically with a fingerprint of what was run, and a later ``scalerun tu
 the same ``--out`` keeps it instead of running it again. A trial that ran out of memory is
 recorded as infeasible and kept too (it would fail again); any other failure runs again.
 
-How a trial runs is injected (:data:`RunTrial`): the local launcher of
+How a trial runs is injected (:data:`RunTrial`): the local launcher or the SLURM jobs of
 :mod:`scalerun.commands.tune`, or a test's stand-in that writes step logs.
 """
 
@@ -33,9 +33,9 @@ TRIALS = "trials"
 TRIAL_FILE = "trial.json"
 Status = Literal["ok", "infeasible", "failed", "timeout"]
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
-                           r"std::bad_alloc|oom-kill|SIGKILL|signal 9\b", re.IGNORECASE)
+                           r"std::bad_alloc|oom-kill|SIGKILL|signal 9\b|\bOUT_OF_MEMORY\b", re.IGNORECASE)
 """A failed trial whose log says this ran out of memory (torch, Python, the kernel's OOM
-killer, whose SIGKILL the launcher reports)."""
+killer, whose SIGKILL the launcher reports, SLURM's job state OUT_OF_MEMORY)."""
 KILLED_CODES = {137, -9}
 
 

@@ -1,10 +1,12 @@
 """``scalerun tune`` from request to result: the space, the search, the check, the files.
 
 Why this shape (as :mod:`scalerun.scaling.study`): how a trial runs is injected, so the
-same tuner drives local launches, and a test's stand-in that writes step logs; every trial
-lives in its own folder under ``OUT`` and a second call with the same ``--out`` reuses
-what the first finished. What it leaves behind is ``OUT/tune.json`` (every trial, the
-ranking, the validation, ``best.command`` as a list of words) and ``OUT/tune.md``.
+same tuner drives local launches, SLURM jobs (:class:`OnSlurm`: the same candidates, each
+launch also naming its nodes, its site and its share of a node's cores), and a test's
+stand-in that writes step logs; every trial lives in its own folder under ``OUT`` and a
+second call with the same ``--out`` reuses what the first finished. What it leaves behind
+is ``OUT/tune.json`` (every trial, the ranking, the validation, ``best.command`` as a list of
+words) and ``OUT/tune.md``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,23 @@ TUNE_FILE = "tune.json"
 TUNE_REPORT = "tune.md"
 
 
+@dataclass(frozen=True)
+class OnSlurm:
+    """Every trial a SLURM job on ``facts.nodes`` node(s): the words its launch adds to the
+    candidate's, which ``best.command`` keeps, so that it reproduces the winner there."""
+
+    words: tuple[str, ...] = ()
+    """The jobs' own ``scalerun launch`` words besides ``--nodes``: ``--site``, ``--gpus-per-node``."""
+    cpus_per_task: bool = True
+    """Each candidate asks for its share of a node's cores (``--cpus-per-task``): SLURM gives a
+    task one CPU otherwise (or the site's per GPU), whatever threads and workers the knobs
+    plan. False where the user's own ``--cpus-per-task`` (a ``--launch-arg``) stands."""
+
+    def launch_words(self, candidate: Candidate, facts: NodeFacts) -> list[str]:
+        share = ["--cpus-per-task", str(max(1, facts.cpus // candidate.ranks))] if self.cpus_per_task else []
+        return ["--nodes", str(facts.nodes), *self.words, *share]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TuneRequest:
     """Everything ``scalerun tune`` was asked, checked on construction."""
@@ -47,6 +66,8 @@ class TuneRequest:
     launch_args: tuple[str, ...] = ()
     """Extra ``scalerun launch`` words for every trial (``--launch-arg``)."""
     facts: NodeFacts
+    slurm: OnSlurm | None = None
+    """Trials as SLURM jobs; None: local launches on this node."""
     budget_s: float = 300.0
     first_steps: int = 12
     """Optimizer steps of a first-rung trial (warm-up included)."""
@@ -55,6 +76,8 @@ class TuneRequest:
     """Steps of each validation run: the full length of the comparison."""
 
     def __post_init__(self) -> None:
+        if self.facts.nodes != 1 and self.slurm is None:
+            raise TuneError(f"--nodes {self.facts.nodes}: trials on several nodes run as SLURM jobs")
         if not self.script.strip():
             raise TuneError("no training script: give it after --, e.g. -- train.py --batch-size {per_rank_batch}")
         if self.budget_s <= 0:
@@ -88,7 +111,8 @@ class TuneRequest:
 
     def command(self, candidate: Candidate, program: str = "scalerun") -> list[str]:
         """The ``scalerun launch`` command that reproduces ``candidate``, as a list of words."""
-        return [program, "launch", *candidate.launch_words(), *self.launch_args, self.script,
+        where = self.slurm.launch_words(candidate, self.facts) if self.slurm is not None else []
+        return [program, "launch", *where, *candidate.launch_words(), *self.launch_args, self.script,
                 *self.args_for(candidate)]
 
     def fingerprint(self, candidate: Candidate, steps: int) -> dict[str, Any]:
@@ -123,6 +147,9 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
     default = space[0]
     budget = Budget(request.budget_s, clock=clock)
     progress.note(f"{len(space)} configuration(s) to try; budget {request.budget_s:g} s; results in {out_dir}")
+    if request.slurm is not None:
+        progress.note(f"each trial is a SLURM job on {request.facts.nodes} node(s) of {request.facts.cpus} "
+                      f"core(s) and {request.facts.gpus} GPU(s); its cost includes its wait in the queue")
     result = search(space, out_dir, run_trial, fingerprint=request.fingerprint, budget=budget,
                     first_steps=request.first_steps, warmup_steps=request.warmup_steps,
                     validation_s=validation_cost(default, request.validate_steps),
@@ -176,6 +203,7 @@ def tune_data(output: TuneOutput, spent_s: float) -> dict[str, Any]:
     data: dict[str, Any] = {
         "request": {"script": request.script, "script_args": list(request.script_args),
                     "launch_args": list(request.launch_args), "facts": asdict(request.facts),
+                    "slurm": asdict(request.slurm) if request.slurm is not None else None,
                     "budget_s": request.budget_s, "first_steps": request.first_steps,
                     "warmup_steps": request.warmup_steps, "validate_steps": request.validate_steps},
         "spent_s": round(spent_s, 1),

@@ -49,6 +49,10 @@ FINAL_STATES = {
 SRUN_FAILURE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
 # torchrun's ChildFailedError report: "host : nid000002", "rank : 3 (local_rank: 1)", "exitcode : 1"
 TORCHRUN_FIELD = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(\S+)", re.MULTILINE)
+# What ``--wait`` prints, read back by the commands that run launches as jobs and keep
+# their output (scaling's and tune's SLURM runs: :mod:`scalerun.commands.slurm_runs`).
+SUBMITTED_LINE = re.compile(r"^scalerun launch: submitted job (\d+)", re.MULTILINE)
+ENDED_LINE = re.compile(r"^scalerun launch: job (\d+) ([A-Z_]+) \(exit code .*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
