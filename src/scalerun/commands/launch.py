@@ -21,9 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "launch",
         help="run a training script on N local processes (or on SLURM, or with mpirun)",
         description=(
-            "Start SCRIPT on --nproc-per-node processes with torch elastic, like torchrun; "
-            "every rank can call scalerun.init(), and scripts written for torchrun run "
-            "unchanged. SLURM flags write and submit a job script; --mode mpirun starts the "
+            "Start SCRIPT on --nproc-per-node processes, like torchrun (one node without "
+            "restarts: started by scalerun itself, without importing torch; with --max-restarts "
+            "or --nnodes: by torch elastic's agent); every rank can call scalerun.init(), and "
+            "scripts written for torchrun run unchanged. SLURM flags write and submit a job script; --mode mpirun starts the "
             "ranks with Open MPI."
         ),
     )
