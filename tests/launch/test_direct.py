@@ -186,3 +186,14 @@ def test_the_signals_passed_on_follow_torch_elastics_variable() -> None:
     assert direct.forwarded(direct.FORWARDED) == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                                   signal.SIGQUIT]
     assert direct.forwarded("SIGUSR1, SIGNOPE,SIGTERM") == [signal.SIGUSR1, signal.SIGTERM]
+
+
+def test_a_rank_that_cannot_start_is_one_line(tmp_path: Path) -> None:
+    """torchrun's ``PYTHON_EXEC`` names the ranks' interpreter; one that does not exist
+    stops the launch with one line, not a traceback."""
+    script = write(tmp_path, "t.py", "print('never')\n")
+    done = launch("--nproc-per-node", "2", str(script), PYTHON_EXEC=str(tmp_path / "no-python"))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("scalerun launch: error: cannot start local rank 0 (")
+    assert "no-python" in lines[-1] and "Traceback" not in done.stderr

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import IO, Any, TextIO
 
+from scalerun.errors import LaunchError
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
 from scalerun.plan import variables
@@ -167,9 +168,11 @@ class Ranks:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, number)
 
-    def stop(self, number: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
-        """``number``, then SIGKILL to whatever still runs ``grace_s`` later."""
-        self.signal_all(number)
+    def stop(self, number: int | None = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
+        """``number`` (None: it was sent already), then SIGKILL to whatever still runs
+        ``grace_s`` later."""
+        if number is not None:
+            self.signal_all(number)
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -237,10 +240,14 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                 streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
             elif options.prefix_output:
                 streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-            with start.thread_kept() if binds else contextlib.nullcontext():
-                if binds:
-                    env.update(start.rank_start_env(env))
-                proc = subprocess.Popen(command, env=env, start_new_session=True, **streams)
+            try:
+                with start.thread_kept() if binds else contextlib.nullcontext():
+                    if binds:
+                        env.update(start.rank_start_env(env))
+                    proc = subprocess.Popen(command, env=env, start_new_session=True, **streams)
+            except OSError as error:  # the ranks already started must not be left running
+                ranks.stop(signal.SIGTERM)
+                raise LaunchError(f"cannot start local rank {local_rank} ({command[0]}): {error}") from None
             ranks.procs[local_rank] = proc
             if proc.stdout is not None and proc.stderr is not None:
                 prefix = line_prefix(template, local_rank)
@@ -248,7 +255,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                 output.follow(proc.stderr, sys.stderr, prefix)
         failures = wait(ranks)
         if ranks.stop_signal is not None:
-            ranks.stop(ranks.stop_signal)
+            ranks.stop(None)  # the handler passed the signal on (once: a second SIGINT interrupts a rank's clean-up)
         elif failures:
             ranks.stop(signal.SIGTERM)
             failures.update(ended_badly(ranks, skip=set(failures)))
