@@ -69,7 +69,20 @@ def test_refinements_try_ddp_buckets_only_where_there_is_an_all_reduce() -> None
     assert [c.knobs.bucket_cap_mb for c in tried] == [5.0, 100.0, None]
     assert tried[-1].knobs.static_graph is True and all(c.ranks == 2 for c in tried)
     on_gpu = refinements(Candidate(ranks=8, knobs=Knobs(threads=1, loader_workers=3)), NodeFacts(cpus=56, gpus=8))
-    assert on_gpu[-1].knobs.pin_memory is False
+    assert [c.knobs.pin_memory for c in on_gpu][-2:] == [False, None]
+    assert on_gpu[-1].knobs.precision == "fp16"
+
+
+def test_on_gpus_fp16_and_the_other_compile_modes_are_tried_around_a_compiled_winner() -> None:
+    gpus = NodeFacts(cpus=56, gpus=8)
+    compiled = Candidate(ranks=1, knobs=Knobs(threads=4, loader_workers=0, precision="bf16", compile="default"))
+    tried = [c.knobs for c in refinements(compiled, gpus)]
+    assert [(k.precision, k.compile) for k in tried] == [
+        ("fp16", "default"), ("bf16", "reduce-overhead"), ("bf16", "max-autotune")]
+    assert all(c.label != compiled.label for c in refinements(compiled, gpus))
+    fp16 = Candidate(ranks=1, knobs=Knobs(threads=4, loader_workers=0, precision="fp16"))
+    assert refinements(fp16, gpus) == []  # not compiled, fp16 already
+    assert refinements(compiled, NodeFacts(cpus=56)) == []  # no GPU: no precision, no compile
 
 
 def test_no_usable_cpu_is_one_line() -> None:

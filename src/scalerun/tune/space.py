@@ -189,7 +189,10 @@ def candidates(facts: NodeFacts) -> list[Candidate]:
 
 def refinements(winner: Candidate, facts: NodeFacts) -> list[Candidate]:
     """Settings tried around the winner: DDP's buckets and static graph when there is
-    something to all-reduce, pinned memory when a GPU copies the batches."""
+    something to all-reduce; on GPUs pinned memory when a GPU copies the batches, fp16
+    (GPUs without fast bf16 win with it; the first round tries bf16 only), and the other
+    ``torch.compile`` modes where compiling won (the first round tries the default mode:
+    CUDA graphs and autotuning cost compile time that only a compiled winner repays)."""
     knobs = winner.knobs
     tried = []
     if winner.ranks > 1 and knobs.strategy in (None, "ddp"):  # DDP's own knobs
@@ -197,7 +200,15 @@ def refinements(winner: Candidate, facts: NodeFacts) -> list[Candidate]:
         tried.append(replace(knobs, static_graph=True))
     if facts.gpus and knobs.loader_workers:
         tried.append(replace(knobs, pin_memory=False))
+    if facts.gpus and knobs.precision != "fp16":
+        tried.append(replace(knobs, precision="fp16"))
+    if facts.gpus and knobs.compile not in (None, "off"):
+        tried += [replace(knobs, compile=mode) for mode in REFINED_COMPILE_MODES if mode != knobs.compile]
     return [replace(winner, knobs=k, default=False) for k in tried]
+
+
+REFINED_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+"""``torch.compile`` modes tried around a compiled winner (knobs.COMPILE_MODES)."""
 
 
 def _key(candidate: Candidate) -> tuple:
