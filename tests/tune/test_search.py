@@ -20,7 +20,7 @@ from scalerun.scaling.study import RunOutcome
 from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost, learn_costs
 from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates
 from scalerun.tune.trials import TRIAL_FILE
-from scalerun.tune.tuner import TUNE_FILE, TuneRequest, tune
+from scalerun.tune.tuner import TUNE_FILE, TuneRequest, closing_lines, tune
 from tests.scaling.steplogs import ToyRun, write_run
 
 STARTUP_S = 5.0
@@ -114,6 +114,28 @@ def test_a_large_budget_finds_the_best_configuration_and_checks_it(tmp_path: Pat
     assert len(data["trials"]) + 2 * 3 == len(runner.runs)  # every run is in tune.json
     assert runner.runs[-6:] == [(space[0].label, 40), (fastest.label, 40)] * 3  # alternating
     assert data["best"]["measured"]["peak_rss_mb"] == 100.0 * fastest.ranks + fastest.per_rank_batch * fastest.ranks
+
+
+@pytest.mark.parametrize("pairs", [0, 1])
+def test_check_pairs_bound_the_check_and_none_leaves_the_whole_budget_to_the_search(
+        tmp_path: Path, pairs: int) -> None:
+    searched = {}
+    for asked in (pairs, 3):
+        clock = Clock()
+        runner = StandIn(clock)
+        output = tune(request(budget_s=150, check_pairs=asked), tmp_path / str(asked), runner, Quiet(), clock=clock)
+        assert clock.now <= 150 * 1.10
+        checks = [run for run in runner.runs if run[1] == 40]
+        searched[asked] = len(runner.runs) - len(checks)
+        if asked == 0:
+            assert checks == [] and output.validation is None
+            assert "Not checked against the defaults (--check-pairs 0)" in "\n".join(closing_lines(output))
+        else:
+            assert output.validation is not None and 1 <= len(output.validation.pairs) <= asked
+    if pairs == 0:
+        assert searched[0] > searched[3]  # the check's reserve went to more trials
+    with pytest.raises(TuneError, match="--check-pairs 4: give 0"):
+        request(check_pairs=4)
 
 
 @pytest.mark.parametrize("budget_s", [60.0, 150.0, 400.0])

@@ -67,6 +67,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "is N, {per_rank_batch} is N / ranks")
     p.add_argument("--steps", type=int, default=60, metavar="S",
                    help="steps of each validation run of the winner and the defaults (default 60)")
+    p.add_argument("--check-pairs", type=int, default=3, metavar="N",
+                   help="at most N alternating pairs of the winner and the defaults after the search "
+                   "(default 3; 0: no check, the whole budget searches)")
     p.add_argument("--first-steps", type=int, default=12, metavar="S",
                    help="steps of a first-round trial (default 12; each later round doubles them)")
     p.add_argument("--warmup-steps", type=int, default=4, metavar="S",
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         script=args.script, script_args=tuple(after_dashes(args.script_args)),
         launch_args=tuple(args.launch_arg), facts=node_facts(args) if slurm is None else cluster_facts(args),
         slurm=slurm, budget_s=args.budget,
-        first_steps=args.first_steps, warmup_steps=args.warmup_steps, validate_steps=args.steps)
+        first_steps=args.first_steps, warmup_steps=args.warmup_steps, validate_steps=args.steps,
+        check_pairs=args.check_pairs)
     if not Path(args.script).is_file():
         raise ScalerunError(f"script {args.script!r} not found; give the path of a Python file")
     out = (args.out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}").resolve()

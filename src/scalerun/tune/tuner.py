@@ -33,7 +33,7 @@ from scalerun.tune.space import (
     refinements,
 )
 from scalerun.tune.trials import RunTrial, TrialResult
-from scalerun.tune.validate import Validation, validate, validation_cost
+from scalerun.tune.validate import MAX_PAIRS, Validation, validate, validation_cost
 
 TUNE_FILE = "tune.json"
 TUNE_REPORT = "tune.md"
@@ -74,6 +74,9 @@ class TuneRequest:
     warmup_steps: int = 4
     validate_steps: int = 60
     """Steps of each validation run: the full length of the comparison."""
+    check_pairs: int = MAX_PAIRS
+    """Most alternating pairs of the check (at least one is run where any is asked for);
+    0: no check, and no time kept for it (``--check-pairs 0``)."""
 
     def __post_init__(self) -> None:
         if self.facts.nodes != 1 and self.slurm is None:
@@ -85,6 +88,8 @@ class TuneRequest:
         if self.first_steps <= self.warmup_steps:
             raise TuneError(f"--first-steps {self.first_steps} must exceed --warmup-steps "
                             f"{self.warmup_steps}: a trial needs steady steps to measure")
+        if not 0 <= self.check_pairs <= MAX_PAIRS:
+            raise TuneError(f"--check-pairs {self.check_pairs}: give 0 (no check) to {MAX_PAIRS}")
         if self.validate_steps <= self.warmup_steps:
             raise TuneError(f"--steps {self.validate_steps} must exceed --warmup-steps {self.warmup_steps}")
         joined = " ".join(self.script_args)
@@ -152,18 +157,19 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
                       f"core(s) and {request.facts.gpus} GPU(s); its cost includes its wait in the queue")
     result = search(space, out_dir, run_trial, fingerprint=request.fingerprint, budget=budget,
                     first_steps=request.first_steps, warmup_steps=request.warmup_steps,
-                    validation_s=validation_cost(default, request.validate_steps),
+                    validation_s=validation_cost(default, request.validate_steps, pairs=1 if request.check_pairs else 0),
                     progress=progress, refine=lambda c: refinements(c, request.facts),
                     fallback=memory_fallback)
     best = result.best
     validation = None
-    if best is not None and best.candidate.label != default.label:
+    if best is not None and best.candidate.label != default.label and request.check_pairs:
         costs = learn_costs(result.trials)
         assert costs is not None
         progress.note(f"checking the winner against the defaults at {request.validate_steps} steps")
         validation = validate(default, best.candidate, out_dir, run_trial, steps=request.validate_steps,
                               fingerprint=request.fingerprint, budget=budget, costs=costs,
-                              warmup_steps=request.warmup_steps, progress=progress)
+                              warmup_steps=request.warmup_steps, progress=progress,
+                              max_pairs=request.check_pairs)
     output = TuneOutput(request=request, result=result, validation=validation, files=())
     data = tune_data(output, spent_s=budget.spent_s)
     files = (write_text_atomic(out_dir / TUNE_FILE, json.dumps(data, indent=2) + "\n", what="--out"),
@@ -205,7 +211,8 @@ def tune_data(output: TuneOutput, spent_s: float) -> dict[str, Any]:
                     "launch_args": list(request.launch_args), "facts": asdict(request.facts),
                     "slurm": asdict(request.slurm) if request.slurm is not None else None,
                     "budget_s": request.budget_s, "first_steps": request.first_steps,
-                    "warmup_steps": request.warmup_steps, "validate_steps": request.validate_steps},
+                    "warmup_steps": request.warmup_steps, "validate_steps": request.validate_steps,
+                    "check_pairs": request.check_pairs},
         "spent_s": round(spent_s, 1),
         "skipped": result.skipped,
         "ranking": [trial_data(r) for r in result.ranking],
@@ -265,6 +272,8 @@ def closing_lines(output: TuneOutput) -> list[str]:
                      f"({_speeds(validation.speeds(1))} against {_speeds(validation.speeds(0))} samples/s).")
     elif best is not None and best.candidate.label == output.result.default.candidate.label:
         lines.append("The defaults won: scalerun's plan is already the fastest configuration tried.")
+    elif best is not None and not output.request.check_pairs:
+        lines.append("Not checked against the defaults (--check-pairs 0): the ratio above is the trials'.")
     kept = best.measured.knobs_kept if best is not None and best.ok and best.measured else None
     if kept:
         lines.append("The script sets " + ", ".join(f"{k}={v}" for k, v in kept.items())

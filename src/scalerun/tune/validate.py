@@ -48,10 +48,10 @@ def validation_cost(default: Candidate, steps: int, pairs: int = 1) -> Callable[
 
 def validate(default: Candidate, winner: Candidate, out_dir: Path, run_trial: RunTrial, *,
              steps: int, fingerprint: Callable[[Candidate, int], dict[str, Any]], budget: Budget,
-             costs: Costs, warmup_steps: int, progress: Progress) -> Validation:
-    """At least one pair, more while the budget holds another (up to :data:`MAX_PAIRS`)."""
+             costs: Costs, warmup_steps: int, progress: Progress, max_pairs: int = MAX_PAIRS) -> Validation:
+    """At least one pair, more while the budget holds another (up to ``max_pairs``)."""
     pairs: list[tuple[TrialResult, TrialResult]] = []
-    for index in range(1, MAX_PAIRS + 1):
+    for index in range(1, max(1, max_pairs) + 1):
         folder = out_dir / VALIDATE / f"pair-{index}"
         reusable = all(recorded(trial_dir(folder, c, steps), c, steps, fingerprint(c, steps))
                        for c in (default, winner))
