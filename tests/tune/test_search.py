@@ -116,6 +116,22 @@ def test_a_large_budget_finds_the_best_configuration_and_checks_it(tmp_path: Pat
     assert data["best"]["measured"]["peak_rss_mb"] == 100.0 * fastest.ranks + fastest.per_rank_batch * fastest.ranks
 
 
+@pytest.mark.parametrize("budget_s", [140.0, 220.0])
+def test_a_rung_that_does_not_fit_whole_compares_the_best_that_fit(tmp_path: Path, budget_s: float) -> None:
+    """The time left after the 20-step rung holds a few trials of 40 steps, not the whole
+    next rung: the best that fit are compared at 40 steps instead of the time going unused."""
+    clock = Clock()
+    runner = StandIn(clock)
+    output = tune(request(budget_s=budget_s, check_pairs=0), tmp_path, runner, Quiet(), clock=clock)
+    longest = [label for label, steps in runner.runs if steps == 40]
+    ranked_at_20 = [r.candidate.label for r in sorted((t for t in output.result.trials if t.steps == 20),
+                                                      key=lambda t: -t.speed)]
+    assert 2 <= len(longest) < -(-len(ranked_at_20) // ETA)  # fewer than the whole rung
+    assert longest == ranked_at_20[:len(longest)]  # the best of the rung before
+    assert budget_s * 0.95 <= clock.now <= budget_s * 1.10
+    assert output.best.steps == 40
+
+
 @pytest.mark.parametrize("pairs", [0, 1])
 def test_check_pairs_bound_the_check_and_none_leaves_the_whole_budget_to_the_search(
         tmp_path: Path, pairs: int) -> None:
@@ -125,8 +141,8 @@ def test_check_pairs_bound_the_check_and_none_leaves_the_whole_budget_to_the_sea
         runner = StandIn(clock)
         output = tune(request(budget_s=150, check_pairs=asked), tmp_path / str(asked), runner, Quiet(), clock=clock)
         assert clock.now <= 150 * 1.10
-        checks = [run for run in runner.runs if run[1] == 40]
-        searched[asked] = len(runner.runs) - len(checks)
+        checks = runner.runs[len(output.result.trials):]  # the check runs after the search
+        searched[asked] = len(output.result.trials)
         if asked == 0:
             assert checks == [] and output.validation is None
             assert "Not checked against the defaults (--check-pairs 0)" in "\n".join(closing_lines(output))

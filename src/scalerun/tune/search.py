@@ -185,6 +185,9 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         keep = alive[: max(1, math.ceil(len(alive) / ETA))] if len(alive) > 1 else alive
         steps *= ETA
         replayed = all(free(c, steps) for c in keep)  # an earlier call ran this rung: it fitted
+        while not replayed and len(keep) > 2 and (
+                budget.spent_s + sum(costs.predict(c, steps) for c in keep) > search_end):
+            keep = keep[:-1]  # a rung that does not fit whole compares the best that fit
         if len(keep) <= 1 or not replayed and (
                 budget.spent_s + sum(costs.predict(c, steps) for c in keep) > search_end):
             break
