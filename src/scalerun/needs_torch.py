@@ -28,10 +28,7 @@ def import_torch(needed_for: str) -> ModuleType:
     try:
         import torch
     except ImportError as error:
-        raise TorchMissingError(
-            f"torch is needed for {needed_for}, and {sys.executable} cannot import it "
-            f"({error}): {INSTALL_HINT}"
-        ) from None
+        raise missing(needed_for, "cannot import it", error) from None
     return torch
 
 
@@ -43,8 +40,12 @@ def check_torch(needed_for: str) -> None:
     try:
         found = importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError) as error:
-        raise TorchMissingError(f"torch is needed for {needed_for}, and {sys.executable} cannot "
-                                f"find it ({error}): {INSTALL_HINT}") from None
+        raise missing(needed_for, "cannot find it", error) from None
     if not found:
-        raise TorchMissingError(f"torch is needed for {needed_for}, and {sys.executable} cannot "
-                                f"import it (No module named 'torch'): {INSTALL_HINT}")
+        raise missing(needed_for, "cannot import it", "No module named 'torch'")
+
+
+def missing(needed_for: str, what: str, why: object) -> TorchMissingError:
+    """The one line both checks give: what needs torch, this Python, and how to get it."""
+    return TorchMissingError(f"torch is needed for {needed_for}, and {sys.executable} {what} "
+                             f"({why}): {INSTALL_HINT}")

@@ -24,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Start SCRIPT on --nproc-per-node processes, like torchrun (one node without "
             "restarts: started by scalerun itself, without importing torch; with --max-restarts "
             "or --nnodes: by torch elastic's agent); every rank can call scalerun.init(), and "
-            "scripts written for torchrun run unchanged. SLURM flags write and submit a job script; --mode mpirun starts the "
-            "ranks with Open MPI."
+            "scripts written for torchrun run unchanged. SLURM flags write and submit a job "
+            "script; --mode mpirun starts the ranks with Open MPI."
         ),
     )
     flags.add_local_arguments(p)

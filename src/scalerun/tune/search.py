@@ -24,6 +24,7 @@ Pure apart from the injected trial runner and clock.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -184,13 +185,14 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         alive = [r.candidate for r in ranked if r.ok]
         keep = alive[: max(1, math.ceil(len(alive) / ETA))] if len(alive) > 1 else alive
         steps *= ETA
-        replayed = all(free(c, steps) for c in keep)  # an earlier call ran this rung: it fitted
-        while not replayed and len(keep) > 2 and (
-                budget.spent_s + sum(costs.predict(c, steps) for c in keep) > search_end):
-            keep = keep[:-1]  # a rung that does not fit whole compares the best that fit
-        if len(keep) <= 1 or not replayed and (
-                budget.spent_s + sum(costs.predict(c, steps) for c in keep) > search_end):
+        if len(keep) <= 1:
             break
+        if not all(free(c, steps) for c in keep):  # else an earlier call ran this rung: it fitted
+            left = search_end - budget.spent_s  # a rung that does not fit whole: the best that fit
+            fit = sum(1 for total in itertools.accumulate(costs.predict(c, steps) for c in keep) if total <= left)
+            if fit < 2:
+                break
+            keep = keep[:fit]
         progress.note(f"rung of {steps} steps: {len(keep)} candidate(s) left")
         for candidate in keep:
             run(candidate, steps)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from scalerun.errors import LaunchError
@@ -77,12 +77,16 @@ def _run(job: LocalJob) -> tuple[int, str | None]:
     torch elastic's agent."""
     if direct.applies(job, os.environ):
         if job.verbose:
-            argv = job.direct_argv if job.direct_argv is not None else job.argv
-            shown = redact_words(list(argv), secret_values(os.environ))
-            print("scalerun launch: torchrun " + " ".join(shown) + " (its agent's work done by scalerun)",
-                  file=sys.stderr)
+            show_torchrun(job.direct_argv if job.direct_argv is not None else job.argv,
+                          " (its agent's work done by scalerun)")
         return direct.run(job)
     return _run_agent(job)
+
+
+def show_torchrun(argv: Sequence[str], note: str = "") -> None:
+    """``--verbose``: the torchrun command of the launch, secrets masked."""
+    shown = redact_words(list(argv), secret_values(os.environ))
+    print("scalerun launch: torchrun " + " ".join(shown) + note, file=sys.stderr)
 
 
 def _run_agent(job: LocalJob) -> tuple[int, str | None]:
@@ -98,8 +102,7 @@ def _run_agent(job: LocalJob) -> tuple[int, str | None]:
     with start.bound_ranks(job.direct_argv is not None) as binds:
         argv = list(job.direct_argv if binds and job.direct_argv is not None else job.argv)
         if job.verbose:
-            shown = redact_words(argv, secret_values(os.environ))
-            print("scalerun launch: torchrun " + " ".join(shown), file=sys.stderr)
+            show_torchrun(argv)
         try:
             run_agent(torchrun.parse_args(argv))
         except ChildFailedError as error:

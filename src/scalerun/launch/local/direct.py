@@ -49,7 +49,7 @@ from typing import IO, Any, TextIO
 
 from scalerun.errors import LaunchError
 from scalerun.launch.local.failures import exit_code_of, failure_message
-from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
+from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
 from scalerun.plan import variables
 
 LOOPBACK = "127.0.0.1"
@@ -69,10 +69,7 @@ variable changes (``torchrun --signals-to-handle``); the ranks see it, as under 
 
 def applies(job: LocalJob, environ: Mapping[str, str]) -> bool:
     """One node, no restarts, no rendezvous address asked for, and not turned off."""
-    options = job.plan.request.local
-    one_node = options.standalone or (options.nnodes == 1 and options.master_port is None
-                                      and options.master_addr is None)
-    return (one_node and job.max_restarts == 0
+    return (standalone(job.plan.request.local) and job.max_restarts == 0
             and environ.get(variables.LOCAL_AGENT, "").strip().lower() != "torch")
 
 

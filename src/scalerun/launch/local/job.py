@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scalerun.errors import LaunchError
 from scalerun.launch.prefix import elastic_template
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
-from scalerun.plan.request import ObserveRequest
+from scalerun.plan.request import LocalOptions, ObserveRequest
 
 PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
@@ -107,8 +107,7 @@ def torchrun_argv(plan: LaunchPlan, *, agent_binds: bool = False) -> list[str]:
     ``agent_binds``: the agent does the binding and variables itself (not a profiler)."""
     options = plan.request.local
     argv = [f"--nproc-per-node={plan.procs_per_node}", f"--max-restarts={plan.request.max_restarts}"]
-    if options.standalone or (options.nnodes == 1 and options.master_port is None
-                              and options.master_addr is None):
+    if standalone(options):
         # one node and no port asked for: a free port, so two launches on one machine
         # never meet on 29500 (torch before 2.12 chose the static rendezvous there)
         argv.append("--standalone")
@@ -123,8 +122,7 @@ def torchrun_argv(plan: LaunchPlan, *, agent_binds: bool = False) -> list[str]:
     if options.ranks_filter:
         argv.append("--local-ranks-filter=" + ",".join(map(str, options.ranks_filter)))
     program = plan.program
-    observe = plan.request.observe
-    if (observe is not None and observe.command_profiler) or (plan.exec_bind and not agent_binds):
+    if through_exec(plan, agent_binds=agent_binds):
         return [*argv, "--no-python", *exec_bind_words(plan.host_python, program.script, program.entry),
                 *program.args]
     if program.entry == "module":
@@ -134,17 +132,30 @@ def torchrun_argv(plan: LaunchPlan, *, agent_binds: bool = False) -> list[str]:
     return [*argv, program.script, *program.args]
 
 
-def rank_command(plan: LaunchPlan, *, agent_binds: bool, python: str | None = None) -> list[str]:
+def standalone(options: LocalOptions) -> bool:
+    """One node and no rendezvous address asked for: torchrun's ``--standalone``."""
+    return options.standalone or (options.nnodes == 1 and options.master_port is None
+                                  and options.master_addr is None)
+
+
+def through_exec(plan: LaunchPlan, *, agent_binds: bool) -> bool:
+    """Each rank starts behind ``scalerun exec --bind``: a command-line profiler goes in front
+    of the chosen ranks, or a program without ``init()`` whose launcher does not bind it."""
+    observe = plan.request.observe
+    return (observe is not None and observe.command_profiler) or (plan.exec_bind and not agent_binds)
+
+
+def rank_command(plan: LaunchPlan, *, agent_binds: bool) -> list[str]:
     """What each rank runs, as torchrun would start it from :func:`torchrun_argv`'s words:
     ``python -u SCRIPT ARGS`` (``-m`` for a module, the executable itself with
-    ``--no-python``), or ``scalerun exec --bind`` in front where the launcher does not bind.
-    ``python``: torchrun's own choice, ``PYTHON_EXEC`` or this interpreter."""
-    program, observe = plan.program, plan.request.observe
-    if (observe is not None and observe.command_profiler) or (plan.exec_bind and not agent_binds):
+    ``--no-python``; python is torchrun's choice, ``PYTHON_EXEC`` or this interpreter), or
+    ``scalerun exec --bind`` in front where the launcher does not bind."""
+    program = plan.program
+    if through_exec(plan, agent_binds=agent_binds):
         return [*exec_bind_words(plan.host_python, program.script, program.entry), *program.args]
     if program.entry == "executable":
         return [program.script, *program.args]
-    python = python or os.environ.get("PYTHON_EXEC") or sys.executable
+    python = os.environ.get("PYTHON_EXEC") or sys.executable
     return [python, "-u", *(["-m"] if program.entry == "module" else []), program.script, *program.args]
 
 
