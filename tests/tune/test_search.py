@@ -17,9 +17,16 @@ from scalerun.commands.tune import OVERRUN
 from scalerun.plan.knobs import knobs_text
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
-from scalerun.tune.search import ETA, Costs, first_round_size, halving_cost, learn_costs
-from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates
-from scalerun.tune.trials import TRIAL_FILE
+from scalerun.tune.search import (
+    ETA,
+    Costs,
+    first_round_size,
+    halving_cost,
+    learn_costs,
+    next_neighbour,
+)
+from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates, planned_share
+from scalerun.tune.trials import TRIAL_FILE, TrialResult
 from scalerun.tune.tuner import TUNE_FILE, TuneRequest, closing_lines, tune
 from tests.scaling.steplogs import ToyRun, write_run
 
@@ -116,7 +123,7 @@ def test_a_large_budget_finds_the_best_configuration_and_checks_it(tmp_path: Pat
     assert data["best"]["measured"]["peak_rss_mb"] == 100.0 * fastest.ranks + fastest.per_rank_batch * fastest.ranks
 
 
-@pytest.mark.parametrize("budget_s", [140.0, 220.0])
+@pytest.mark.parametrize("budget_s", [270.0, 320.0])
 def test_a_rung_that_does_not_fit_whole_compares_the_best_that_fit(tmp_path: Path, budget_s: float) -> None:
     """The time left after the 20-step rung holds a few trials of 40 steps, not the whole
     next rung: the best that fit are compared at 40 steps instead of the time going unused."""
@@ -280,6 +287,34 @@ def test_a_small_budget_searches_from_the_best_one_dimension_at_a_time(tmp_path:
     assert [steps for _, steps in runner.runs].count(20) >= 2  # room was left for a later rung
     random_pick = sorted(space.values(), key=speed_of)[len(space) // 2]
     assert output.best.speed > speed_of(random_pick)  # better than the median configuration
+
+
+def test_the_rank_count_moves_with_the_planners_share(tmp_path: Path) -> None:
+    """After the batch, the rank count: to the count farthest from the best's, with the
+    threads and workers the planner gives that count (what --nproc-per-node alone gives),
+    although no candidate at 4 ranks on 4 cores keeps the default's 3 threads + 1 worker."""
+    clock = Clock()
+    runner = StandIn(clock)
+    tune(request(budget_s=150), tmp_path, runner, Quiet(), clock=clock)
+    first_round = [label for label, steps in runner.runs if steps == 10]
+    threads, workers = planned_share(FACTS.cpus, 4, on_gpu=False)
+    assert first_round[1:3] == ["r1-t3-w1-b32", f"r4-t{threads}-w{workers}-b32"]
+
+
+def result_of(candidate: Candidate) -> TrialResult:
+    return TrialResult(candidate=candidate, steps=10, status="ok", run_dir=Path("."), wall_s=1.0)
+
+
+def test_with_a_fixed_global_batch_the_rank_count_is_still_one_move() -> None:
+    """With --global-batch, each rank count has its own per-rank batch (the global batch's
+    share): a move in ranks alone changes it too, and must still be a move."""
+    space = candidates(NodeFacts(cpus=4, global_batch=64))
+    default = space[0]
+    tried = {default.label: result_of(default)}
+    moved = next_neighbour(result_of(default), [c for c in space if c is not default], tried)
+    threads, workers = planned_share(4, 4, on_gpu=False)
+    assert (moved.ranks, moved.per_rank_batch) == (4, 16)
+    assert (moved.knobs.threads, moved.knobs.loader_workers) == (threads, workers)
 
 
 def test_the_report_names_the_options_the_script_kept(tmp_path: Path) -> None:

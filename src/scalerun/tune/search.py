@@ -215,14 +215,33 @@ FIRST_ROUND_SHARE = 0.6
 """Of the search's time, what an adaptive first round may use (at least one more trial, where
 costly start-ups such as a SLURM queue's wait make the share hold none); the later rungs get
 the rest."""
-DIMENSIONS = ("batch", "share", "ranks", "precision", "compile")
-"""What a neighbour changes, one at a time, in the order a tie is broken."""
+DIMENSIONS = ("batch", "ranks", "share", "precision", "compile")
+"""What a neighbour changes, one at a time, in the order a tie is broken: the batch, then
+the rank count (with the planner's share of the cores, as ``--nproc-per-node`` alone gives),
+then how a rank's cores are shared between compute threads and loader workers."""
+
+PLANNED = "planned"
+"""The share dimension's value of a candidate with the planner's share for its rank count."""
+FOLLOWS_RANKS = "follows ranks"
+"""The batch dimension's value where a fixed global batch sets the per-rank batch."""
 
 
 def dimensions(candidate: Candidate) -> dict[str, Any]:
+    """Each dimension's value, as compared for a move: a candidate with the planner's share
+    and a candidate with another rank count and the planner's share for it differ in the
+    ranks alone (so the search can move the rank count from any best), and so do two with
+    a fixed global batch's shares."""
     k = candidate.knobs
-    return {"batch": candidate.per_rank_batch, "share": (k.threads, k.loader_workers),
-            "ranks": candidate.ranks, "precision": k.precision, "compile": k.compile}
+    return {"batch": FOLLOWS_RANKS if candidate.batch_follows_ranks else candidate.per_rank_batch,
+            "ranks": candidate.ranks,
+            "share": PLANNED if candidate.planned_share else (k.threads, k.loader_workers),
+            "precision": k.precision, "compile": k.compile}
+
+
+def values(candidate: Candidate) -> dict[str, Any]:
+    """Each dimension's value as a number or tuple, for how far a move goes."""
+    k = candidate.knobs
+    return {**dimensions(candidate), "batch": candidate.per_rank_batch, "share": (k.threads, k.loader_workers)}
 
 
 def next_neighbour(best: TrialResult | None, remaining: Sequence[Candidate],
@@ -234,7 +253,7 @@ def next_neighbour(best: TrialResult | None, remaining: Sequence[Candidate],
     neighbour, the next candidate in the (random) order."""
     if best is None:
         return remaining[0]
-    center = dimensions(best.candidate)
+    center, far = dimensions(best.candidate), values(best.candidate)
     counts = {name: 0 for name in DIMENSIONS}
     for result in tried.values():
         changed = [n for n, v in dimensions(result.candidate).items() if v != center[n]]
@@ -245,7 +264,7 @@ def next_neighbour(best: TrialResult | None, remaining: Sequence[Candidate],
         changed = [n for n, v in dimensions(candidate).items() if v != center[n]]
         if len(changed) == 1:
             name = changed[0]
-            scored.append((counts[name], DIMENSIONS.index(name), -_distance(center[name], dimensions(candidate)[name]),
+            scored.append((counts[name], DIMENSIONS.index(name), -_distance(far[name], values(candidate)[name]),
                            index))
     if not scored:
         return remaining[0]

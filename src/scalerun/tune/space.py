@@ -18,7 +18,7 @@ Pure: no I/O, no torch; the topology is given as counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scalerun.errors import ScalerunError
 from scalerun.plan.knobs import Knobs, knob_flags
@@ -66,6 +66,13 @@ class Candidate:
     per_rank_batch: int | None = None
     default: bool = False
     """The planner's defaults: launched without knobs."""
+    planned_share: bool = field(default=False, compare=False)
+    """Its threads and workers are the planner's for its rank count: what ``--nproc-per-node
+    N`` alone gives. The search moves the rank count with the planner's share, as a user
+    would, instead of keeping a share that no longer fits the cores each rank has."""
+    batch_follows_ranks: bool = field(default=False, compare=False)
+    """Its per-rank batch is the share of a fixed ``--global-batch``: it changes with the
+    rank count and is no dimension of its own."""
 
     @property
     def label(self) -> str:
@@ -111,7 +118,8 @@ def default_candidate(facts: NodeFacts) -> Candidate:
     ranks = facts.default_ranks or (facts.gpus or 1)
     threads, workers = planned_share(facts.cpus, ranks, facts.gpus > 0)
     return Candidate(ranks=ranks, knobs=Knobs(threads=threads, loader_workers=workers),
-                     per_rank_batch=batch_for(facts, ranks, facts.batch), default=True)
+                     per_rank_batch=batch_for(facts, ranks, facts.batch), default=True,
+                     planned_share=True, batch_follows_ranks=facts.global_batch is not None)
 
 
 def batch_for(facts: NodeFacts, ranks: int, wanted: int | None) -> int | None:
@@ -182,7 +190,9 @@ def candidates(facts: NodeFacts) -> list[Candidate]:
                     for compiled in compiles:
                         knobs = Knobs(threads=threads, loader_workers=workers, precision=precision,
                                       compile=compiled)
-                        candidate = Candidate(ranks=ranks, knobs=knobs, per_rank_batch=batch)
+                        candidate = Candidate(ranks=ranks, knobs=knobs, per_rank_batch=batch,
+                                              planned_share=(threads, workers) == planned,
+                                              batch_follows_ranks=facts.global_batch is not None)
                         found.setdefault(_key(candidate), candidate)
     return list(found.values())
 
