@@ -171,10 +171,18 @@ def test_a_child_left_holding_the_output_does_not_hold_the_launch(tmp_path: Path
 
 
 def test_filtered_ranks_are_not_shown_but_still_fail_the_launch(tmp_path: Path) -> None:
-    script = write(tmp_path, "f.py", """
-        import os, sys
+    # rank 1 fails only once rank 0 has printed: a failure stops the other ranks at once,
+    # and on a busy machine rank 0 could otherwise be stopped before its line
+    printed = tmp_path / "printed"
+    script = write(tmp_path, "f.py", f"""
+        import os, sys, time
         print("from", os.environ["RANK"], flush=True)
-        sys.exit(5 if os.environ["RANK"] == "1" else 0)
+        if os.environ["RANK"] == "0":
+            open({str(printed)!r}, "w").close()
+            sys.exit(0)
+        while not os.path.exists({str(printed)!r}):
+            time.sleep(0.05)
+        sys.exit(5)
     """)
     done = launch("--nproc-per-node", "2", "--local-ranks-filter", "0", str(script))
     assert done.returncode == 5
@@ -197,3 +205,40 @@ def test_a_rank_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith("scalerun launch: error: cannot start local rank 0 (")
     assert "no-python" in lines[-1] and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("entry", ["plain", "scalerun"])
+def test_the_store_port_is_held_from_the_launcher_until_rank_0_serves_on_it(tmp_path: Path, entry: str) -> None:
+    """The port rank 0's store will listen on stays bound from the moment the launcher picks
+    it: before rank 0 even imports torch, nothing else on the node can bind it (nor can a
+    connect() take it as its local end). Rank 0 then serves the store on the socket it
+    inherited, for a plain script and for one that calls scalerun.init(); no other rank
+    gets the socket, and rank 0's children do not see its number."""
+    start = "dist.init_process_group('gloo')" if entry == "plain" else "import scalerun; scalerun.init()"
+    script = write(tmp_path, "held.py", f"""
+        import errno, os, socket, subprocess, sys
+        port = int(os.environ["MASTER_PORT"])
+        fd = os.environ.get("SCALERUN_STORE_FD")
+        if os.environ["RANK"] == "0":
+            other = socket.socket()
+            try:
+                other.bind(("127.0.0.1", port))
+                print("port free before the store", flush=True)
+            except OSError as error:
+                print("port held", error.errno == errno.EADDRINUSE, flush=True)
+            other.close()
+        import psutil, torch, torch.distributed as dist
+        {start}
+        t = torch.tensor([1])
+        dist.all_reduce(t)
+        listening = {{c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}}
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('SCALERUN_STORE_FD'))"],
+                               capture_output=True, text=True).stdout.strip()
+        print("fd", fd is not None, "serves", port in listening, "sum", int(t), "child sees", child, flush=True)
+        dist.destroy_process_group()
+    """)
+    done = launch("--nproc-per-node", "2", str(script))
+    assert done.returncode == 0, done.stderr
+    assert "[rank0]: port held True" in done.stdout
+    assert "[rank0]: fd True serves True sum 2 child sees None" in done.stdout
+    assert "[rank1]: fd False serves False sum 2 child sees None" in done.stdout

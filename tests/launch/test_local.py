@@ -75,6 +75,7 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
     """)
     start = time.monotonic()
     result = run_cli("launch", "--nproc-per-node", "3", str(script), timeout=200)
+    assert exited.is_file(), f"rank 1 never got past init() (exit code {result.returncode}): {result.stderr[-3000:]}"
     elapsed, stopping = time.monotonic() - start, time.time() - float(exited.read_text())
     assert result.returncode == 3
     assert elapsed < 200 and stopping < 30, f"{elapsed:.0f} s in all, {stopping:.0f} s after rank 1 exited"

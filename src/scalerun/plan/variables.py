@@ -94,6 +94,12 @@ ALL = (
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 
+STORE_FD = "SCALERUN_STORE_FD"
+"""Set by the launcher, never by a user: the number of an inherited socket, bound to
+``MASTER_ADDR:MASTER_PORT``, that rank 0 serves the rendezvous store on. A one-node launch
+without torch elastic's agent holds the port from the moment it picks it until rank 0
+listens (``launch/local/direct.py``, ``runtime/store.py``)."""
+
 # --- the run directory (paths are built by :mod:`scalerun.rundir`) -----------------------
 
 STEPS_DIR = "steps"

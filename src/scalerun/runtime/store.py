@@ -22,6 +22,10 @@ store (``TORCHELASTIC_USE_AGENT_STORE``), which torch creates inside its rendezv
 (``_create_tcp_store``, ``_create_tcp_store_server``) with no way to hand it a socket:
 that one is left as it is too.
 
+A one-node launch without torch elastic's agent binds the port before it starts the
+ranks and hands rank 0 the bound socket (:data:`variables.STORE_FD`): a port let go
+between the launcher's choice and rank 0's bind could be taken meanwhile.
+
 Every rank takes the same branch (the rule reads only the placement), and the store is
 wrapped in ``PrefixStore("default_pg")`` as torch's own ``env://`` path does, so keys match.
 """
@@ -37,6 +41,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 
 from scalerun import placement as placement_mod
+from scalerun.plan import variables
 
 
 def listen_address(master_addr: str, num_nodes: int) -> str | None:
@@ -55,8 +60,34 @@ def listen_address(master_addr: str, num_nodes: int) -> str | None:
     return str(found[0][4][0]) if found else None
 
 
+def inherited_socket(address: str, port: int) -> socket.socket | None:
+    """The socket the launcher bound for this rank's store and passed down
+    (:data:`variables.STORE_FD`), when it is bound to ``address:port``; None otherwise.
+    Taken once: the variable is removed, so the rank's own children never see it. A
+    number that is not such a socket is left alone (it is not ours to close)."""
+    value = os.environ.pop(variables.STORE_FD, None)
+    if not value or not value.isdigit():
+        return None
+    try:
+        sock = socket.socket(fileno=int(value))
+    except OSError:  # not a socket (or no longer open)
+        return None
+    try:
+        name = sock.getsockname()
+    except OSError:
+        name = None
+    if sock.type != socket.SOCK_STREAM or not name or (name[0], name[1]) != (address, port):
+        sock.detach()
+        return None
+    return sock
+
+
 def bound_socket(address: str, port: int) -> socket.socket | None:
-    """A socket bound to ``address:port``; None when the address is not this node's."""
+    """A socket bound to ``address:port``: the one the launcher held for it, else one bound
+    now; None when the address is not this node's, or the port is taken."""
+    held = inherited_socket(address, port)
+    if held is not None:
+        return held
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server

@@ -108,11 +108,20 @@ def line_prefix(template: str | None, local_rank: int) -> str:
     return Template(template).safe_substitute(role_name="default", rank=local_rank, local_rank=local_rank)
 
 
-def free_port(address: str = LOOPBACK) -> int:
-    """A port free on ``address`` now, for rank 0's store (torchrun's ``--standalone`` way)."""
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
+def reserve_port(address: str = LOOPBACK) -> socket.socket:
+    """A socket bound to a free port of ``address``, held until rank 0 serves the store on
+    it (rank 0 inherits it: :data:`variables.STORE_FD`).
+
+    Why held: a port found free and let go can be taken by any ``connect()`` on the node
+    (the kernel hands free ports out as local ends) during the seconds rank 0 spends
+    importing torch, and rank 0's store then fails to bind. torchrun's ``--standalone``
+    does not have the gap: its agent's store binds port 0 and keeps it. A bound socket is
+    skipped when the kernel picks local ports. ``SO_REUSEADDR`` as torch's own server sets
+    it, so that a rank 0 that does not take the socket can still bind the port itself."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, 0))
+    return sock
 
 
 class Output:
@@ -224,14 +233,19 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     command = rank_command(job.plan, agent_binds=binds)
     options = job.plan.request.local
     shown = set(options.ranks_filter) or set(range(nproc))
-    port, run_id = free_port(), str(uuid.uuid4())
+    held, run_id = reserve_port(), str(uuid.uuid4())
+    port = int(held.getsockname()[1])
     template = os.environ.get(PREFIX_VARIABLE)
     ranks, output = Ranks(), Output()
-    with forwarding(ranks):
+    with forwarding(ranks), contextlib.closing(held):
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
                 break
             env = {**os.environ, **rank_variables(local_rank, nproc, port, run_id, os.environ)}
+            env.pop(variables.STORE_FD, None)  # one a launch above this one passed down
+            handed: tuple[int, ...] = ()
+            if local_rank == 0:
+                env[variables.STORE_FD], handed = str(held.fileno()), (held.fileno(),)
             streams: dict[str, Any] = {}
             if local_rank not in shown:
                 streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -241,11 +255,14 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                 with start.thread_kept() if binds else contextlib.nullcontext():
                     if binds:
                         env.update(start.rank_start_env(env))
-                    proc = subprocess.Popen(command, env=env, start_new_session=True, **streams)
+                    proc = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=handed,
+                                            **streams)
             except OSError as error:  # the ranks already started must not be left running
                 ranks.stop(signal.SIGTERM)
                 raise LaunchError(f"cannot start local rank {local_rank} ({command[0]}): {error}") from None
             ranks.procs[local_rank] = proc
+            if handed:
+                held.close()  # rank 0 holds the port now
             if proc.stdout is not None and proc.stderr is not None:
                 prefix = line_prefix(template, local_rank)
                 output.follow(proc.stdout, sys.stdout, prefix)
