@@ -226,22 +226,24 @@ FOLLOWS_RANKS = "follows ranks"
 """The batch dimension's value where a fixed global batch sets the per-rank batch."""
 
 
+def values(candidate: Candidate) -> dict[str, Any]:
+    """Each dimension's value as a number or tuple, for how far a move goes."""
+    k = candidate.knobs
+    return {"batch": candidate.per_rank_batch, "ranks": candidate.ranks,
+            "share": (k.threads, k.loader_workers), "precision": k.precision, "compile": k.compile}
+
+
 def dimensions(candidate: Candidate) -> dict[str, Any]:
     """Each dimension's value, as compared for a move: a candidate with the planner's share
     and a candidate with another rank count and the planner's share for it differ in the
     ranks alone (so the search can move the rank count from any best), and so do two with
     a fixed global batch's shares."""
-    k = candidate.knobs
-    return {"batch": FOLLOWS_RANKS if candidate.batch_follows_ranks else candidate.per_rank_batch,
-            "ranks": candidate.ranks,
-            "share": PLANNED if candidate.planned_share else (k.threads, k.loader_workers),
-            "precision": k.precision, "compile": k.compile}
-
-
-def values(candidate: Candidate) -> dict[str, Any]:
-    """Each dimension's value as a number or tuple, for how far a move goes."""
-    k = candidate.knobs
-    return {**dimensions(candidate), "batch": candidate.per_rank_batch, "share": (k.threads, k.loader_workers)}
+    found = values(candidate)
+    if candidate.batch_follows_ranks:
+        found["batch"] = FOLLOWS_RANKS
+    if candidate.planned_share:
+        found["share"] = PLANNED
+    return found
 
 
 def next_neighbour(best: TrialResult | None, remaining: Sequence[Candidate],
