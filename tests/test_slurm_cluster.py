@@ -159,6 +159,15 @@ def test_srun_mode_trains_the_example_on_2_nodes(slurm_cluster, vit_data, tmp_pa
     assert {r[5] for r in reports.values()} == {"slurm"}
     assert {r[6] for r in reports.values()} == {VISIBLE}
     assert "epoch 1: train loss" in log and (tmp_path / "model.pt").is_file()
+    assert_job_caches_removed(tmp_path, log)
+
+
+def assert_job_caches_removed(run_dir: Path, log: str) -> None:
+    """The ranks had per-job JIT cache folders on both nodes (``-v`` shows rank 0's
+    environment); when the job script ended, they were removed from every node."""
+    job_id = sorted(run_dir.glob("slurm-*.out"))[0].stem.removeprefix("slurm-")
+    assert re.search(rf"TORCHINDUCTOR_CACHE_DIR=/tmp/\S+-scalerun-cache-{job_id}-node0/inductor", log), log
+    assert not sorted(Path("/tmp").glob(f"*-scalerun-cache-{job_id}-node*"))
 
 
 def test_torchrun_mode_trains_the_example_through_c10d(slurm_cluster, vit_data, tmp_path):
@@ -188,6 +197,7 @@ def test_torchrun_mode_trains_the_example_through_c10d(slurm_cluster, vit_data, 
     hosts_of_node = {node: {r[0] for r in reports.values() if r[4] == node} for node in (0, 1)}
     assert sorted(hosts_of_node.values()) == [{"nid000001"}, {"nid000002"}]
     assert "epoch 1: train loss" in log
+    assert_job_caches_removed(tmp_path, log)
 
 
 def test_inside_an_salloc_allocation_the_step_is_started_directly(

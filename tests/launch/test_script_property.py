@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from scalerun.errors import LaunchError, ScalerunError
 from scalerun.launch.slurm.job import MODES, Resources, SlurmJob
 from scalerun.launch.slurm.render import (
+    cache_cleanup_command,
     render_sbatch,
     secret_handoff,
     srun_command,
@@ -54,6 +55,7 @@ word = st.text(alphabet=st.sampled_from(HOSTILE), min_size=1, max_size=10)
 mount = st.text(alphabet=st.sampled_from([c for c in HOSTILE if c not in ",:"]), min_size=1, max_size=8)
 SANDBOX_ENV = {"Q": "q v $(touch pwned) *", "SLURM_JOB_ID": "7"}
 FAKE_SRUN = """#!/bin/bash
+if [[ $1 == --overlap ]]; then printf '%s\\0' "$@" > "$SANDBOX/cleanup.argv"; exit 0; fi
 printf '%s\\0' "$@"
 printf '\\1\\0'
 for name in $PROBES; do printf '%s\\0' "${!name-<unset>}"; done
@@ -141,6 +143,8 @@ def run_script(job: SlurmJob, folder: Path) -> tuple[list[str], list[str], dict[
     argv, _, probed = done.stdout.decode().partition("\1\0")
     log = folder / "module.log"
     modules = log.read_bytes().decode().split("\0")[:-1] if log.exists() else []
+    cleanup = (folder / "cleanup.argv").read_bytes().decode().split("\0")[:-1]
+    assert cleanup == resolved(cache_cleanup_command(job)[1:], env)  # the script's last step
     return argv.split("\0")[:-1], probed.split("\0")[:-1], env, modules
 
 

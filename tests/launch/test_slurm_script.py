@@ -27,6 +27,7 @@ from scalerun.launch.slurm.job import (
     sbatch_value,
 )
 from scalerun.launch.slurm.render import (
+    cache_cleanup_command,
     render_sbatch,
     secret_handoff,
     srun_command,
@@ -132,7 +133,7 @@ def test_sbatch_directives_come_before_any_command():
 def test_script_runs_srun_with_the_exact_words(tmp_path):
     """Run the script's body with a stand-in srun that prints its argv: nothing expands."""
     fake = tmp_path / "srun"
-    fake.write_text('#!/bin/bash\nprintf "%s\\0" "$@"\n')
+    fake.write_text(CLEANUP_AWARE_SRUN + 'printf "%s\\0" "$@"\n')
     fake.chmod(0o755)
     job = lumi_job(
         container=None,
@@ -155,6 +156,21 @@ def test_script_runs_srun_with_the_exact_words(tmp_path):
     assert argv == [str(word) for word in srun_command(job)[1:]]
     assert argv[-len(HOSTILE) :] == HOSTILE
     assert not (tmp_path / "pwned").exists()
+    # and when the script ended, one task per node removed the job's cache folders
+    assert cleanup_argv(tmp_path) == [str(word) for word in cache_cleanup_command(job)[1:]]
+    assert cleanup_argv(tmp_path)[:5] == ["--overlap", "--nodes=2", "--ntasks=2",
+                                          "--ntasks-per-node=1", "--cpu-bind=none"]
+
+
+CLEANUP_AWARE_SRUN = """#!/bin/bash
+if [[ $1 == --overlap ]]; then printf '%s\\0' "$@" > cleanup.argv; exit 0; fi
+"""
+"""The start of a stand-in srun: the job's last step (the cache folders' removal, which
+the script runs whenever it ends) records its words in ./cleanup.argv and prints nothing."""
+
+
+def cleanup_argv(folder: Path) -> list[str]:
+    return (folder / "cleanup.argv").read_text().split("\0")[:-1]
 
 
 # --- quoting --------------------------------------------------------------------------------
@@ -450,6 +466,9 @@ def test_a_node_range_takes_the_count_the_job_got_when_it_runs(mode, tmp_path):
         lines = expanded.splitlines()
         assert f"--nodes={got}" in lines
         assert (f"--nnodes={got}" in lines) == (mode == "torchrun")
+        cleanup = " ".join(shell_quote(word) for word in cache_cleanup_command(job))
+        expanded = bash(f"printf '%s\\n' {cleanup}", env={**os.environ, "SLURM_JOB_NUM_NODES": got})
+        assert f"--nodes={got}\n--ntasks={got}\n--ntasks-per-node=1\n" in expanded  # one task per node
     fixed = job_from_args(parse_launch("--nodes", "2", "--mode", mode), {}, tmp_path)
     assert "#SBATCH --nodes=2\n" in render_sbatch(fixed) and "SLURM_JOB_NUM_NODES" not in render_sbatch(fixed)
     same = job_from_args(parse_launch("--nodes", "2-2", "--mode", mode), {}, tmp_path)
@@ -689,7 +708,7 @@ def test_ranks_decide_with_the_same_site(flags, environ, site, tmp_path):
 def test_secrets_are_taken_from_the_submitting_shell(tmp_path):
     """A secret --env or site variable is checked for, not written; the handed value arrives."""
     fake = tmp_path / "srun"
-    fake.write_text('#!/bin/bash\nprintf "%s|%s" "$HF_TOKEN" "$DB_PASSWORD"\n')
+    fake.write_text(CLEANUP_AWARE_SRUN + 'printf "%s|%s" "$HF_TOKEN" "$DB_PASSWORD"\n')
     fake.chmod(0o755)
     job = lumi_job(container=None, cpu_bind="none", setup=(), modules=(), module_use=(),
                    env=(("HF_TOKEN", "hf $(id) ${USER}"),), site_env=(("DB_PASSWORD", "site-pw"),),
@@ -700,9 +719,10 @@ def test_secrets_are_taken_from_the_submitting_shell(tmp_path):
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ACCOUNT": "p1", "USER": "u"}
     handed = secret_handoff(job, env)
     assert handed == {"HF_TOKEN": "hf $(id) u", "DB_PASSWORD": "site-pw"}
-    done = subprocess.run(["bash", str(script)], env={**env, **handed}, capture_output=True, text=True)
+    done = subprocess.run(["bash", str(script)], env={**env, **handed}, capture_output=True, text=True,
+                          cwd=tmp_path)
     assert done.stdout == "hf $(id) u|site-pw"
-    missing = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    missing = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert missing.returncode != 0 and "DB_PASSWORD: is not set: export DB_PASSWORD" in missing.stderr
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.netconf.caches import cache_settings, create_cache_dirs
+from scalerun.netconf.caches import cache_settings, create_cache_dirs, remove_job_caches
 from scalerun.netconf.decide import MALLOC_TUNABLES, RankFacts, decide_environment
 from scalerun.netconf.gpu_direct import gdr_setting, parse_version
 from scalerun.topology.model import Nic
@@ -136,6 +136,21 @@ def test_cache_folders_created_once_by_racing_ranks(tmp_path: Path) -> None:
     root = tmp_path / "u-scalerun-cache-5-node0"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["inductor", "miopen", "triton"]
     assert (tmp_path / "u-scalerun-cache" / "torch_extensions").is_dir()  # kept across jobs
+
+
+def test_a_slurm_jobs_folders_on_its_node_are_removed_at_its_end(tmp_path: Path) -> None:
+    """Named by the job id, no later job reads them; the kept and the local ones stay."""
+    job = {"USER": "u", "SLURM_JOB_ID": "5", "SLURM_NODEID": "1"}
+    other_job = {**job, "SLURM_JOB_ID": "6"}
+    for environ in (job, other_job, {"USER": "u"}):  # the last: a launch outside SLURM
+        create_cache_dirs(cache_settings(environ, base=str(tmp_path)))
+    (tmp_path / "u-scalerun-cache-5-node1" / "inductor" / "graph.so").write_bytes(b"x")
+    assert remove_job_caches(job, base=str(tmp_path)) == tmp_path / "u-scalerun-cache-5-node1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "u-scalerun-cache", "u-scalerun-cache-6-node1", "u-scalerun-cache-local-node0"]
+    assert remove_job_caches(job, base=str(tmp_path)) is None  # gone already: nothing to do
+    assert remove_job_caches({"USER": "u"}, base=str(tmp_path)) is None  # never the local one
+    assert (tmp_path / "u-scalerun-cache-local-node0" / "inductor").is_dir()
 
 
 @pytest.mark.parametrize(("cpu", "environ", "expected"), [

@@ -86,6 +86,13 @@ def test_a_local_job_restores_what_the_last_one_saved(tmp_path: Path, calls_init
                          second), second[-2000:]
     finally:
         shutil.rmtree(node_root, ignore_errors=True)
+        remove_inductor_headers(user)
+
+
+def remove_inductor_headers(user: str) -> None:
+    """Inductor keeps its precompiled headers (150 MB) in ``/tmp/torchinductor_<user>``
+    whatever its cache folder: the test's own user name would leave them there for good."""
+    shutil.rmtree(f"/tmp/torchinductor_{user}", ignore_errors=True)
 
 
 def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
@@ -98,6 +105,7 @@ def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
                           env={**without_cache_folders(dict(os.environ)), "USER": user,
                                variables.WARM_CACHE: str(warm)})
     shutil.rmtree(f"/tmp/{user}-scalerun-cache-local-node0", ignore_errors=True)
+    remove_inductor_headers(user)
     assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-2000:]
     assert "warm JIT cache" not in done.stdout + done.stderr
     assert not warm.exists()

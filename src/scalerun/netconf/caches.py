@@ -5,6 +5,11 @@ on a shared file system then lock each other out or corrupt it. The course puts 
 cache per node in ``/tmp``; a known LUMI failure is several torchrun ranks creating (or
 one deleting) that folder at once. Here the folder is created once per node, before
 ranks use it, with ``mkdir -p`` semantics and a lock, and never deleted by a rank.
+
+A SLURM job's folders are named by its id, so no later job uses them: the job script
+removes them on every node once its ranks have ended (:func:`remove_job_caches`), after
+the warm copy took what they held. Left there, every job would leave its caches, and the
+warm copy it restored, in ``/tmp`` (on LUMI a RAM disk) until someone cleans the node.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pwd
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -79,3 +85,18 @@ def create_cache_dirs(settings: list[Setting]) -> list[Path]:
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
     return folders
+
+
+def remove_job_caches(environ: Mapping[str, str], *, base: str = "/tmp") -> Path | None:
+    """Remove this node's folders of this SLURM job (:func:`cache_root`), once no rank of
+    the job runs on the node; the folder removed, or None.
+
+    Only a job's own: a launch outside SLURM shares ``...-local-node0`` with the user's
+    other launches, and the folders :data:`KEPT_ACROSS_JOBS` are for the next job."""
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    root = Path(cache_root(environ, base=base))
+    if not root.is_dir():
+        return None
+    shutil.rmtree(root, ignore_errors=True)
+    return root

@@ -294,7 +294,7 @@ def _setup(job: SlurmJob) -> str:
 
 def _launch(job: SlurmJob) -> str:
     res = job.resources
-    lines = []
+    lines = _cache_cleanup_trap(job)
     if job.mode == "torchrun":
         lines += [
             "# --- rendezvous: torchrun's c10d store on the first node, port fixed by the job id ---",
@@ -381,6 +381,7 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
             "    # --- requeue: this job starts again, and its ranks resume from the checkpoint ---",
             '    echo "scalerun: saved $(<"$STOPPED"); job ${SLURM_JOB_ID} requeues itself '
             '(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"',
+            "    trap - EXIT; remove_job_caches  # the requeued job may start on other nodes",
             '    scontrol requeue "$SLURM_JOB_ID"  # SLURM ends this script here',
         ]
     else:
@@ -389,6 +390,36 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
             'checkpoint $(<"$STOPPED"); submit this script again to continue"'
         )
     return lines + ["    exit 0", "fi", 'exit "$code"']
+
+
+CACHE_CLEANUP_PROGRAM = ("import os; from scalerun.netconf.caches import remove_job_caches; "
+                         "remove_job_caches(os.environ)")
+"""What one task per node runs when the job script ends: the node's per-job JIT cache
+folders out of ``/tmp`` (:func:`scalerun.netconf.caches.remove_job_caches`)."""
+
+
+def cache_cleanup_command(job: SlurmJob) -> list[Word]:
+    """One task on every node of the job (the count it got, for ``--nodes MIN-MAX``)."""
+    return ["srun", "--overlap", node_count_word(job, "--nodes="), node_count_word(job, "--ntasks="),
+            "--ntasks-per-node=1", "--cpu-bind=none", job.host_python, "-c", CACHE_CLEANUP_PROGRAM]
+
+
+def _cache_cleanup_trap(job: SlurmJob) -> list[str]:
+    """When the script ends, however it ends (the check failed, the training failed, it
+    ran to the end), one task per node removes the node's cache folders of this job: they
+    are named by its id, so no later job reads them, and the warm copy has taken what they
+    held (rank 0 or the save step saved before the script's end). A job that SLURM kills
+    outright leaves them, as it leaves the rest of its ``/tmp``. ``--overlap``: a step of
+    the job may still be ending; the step never changes the job's exit code."""
+    return [
+        "# --- when this script ends: each node's JIT cache folders of this job out of /tmp",
+        "# (named by the job id, no later job reads them; the warm copy keeps what they held) ---",
+        "remove_job_caches() {",
+        "    " + " ".join(shell_quote(word) for word in cache_cleanup_command(job)) + " || true",
+        "}",
+        "trap remove_job_caches EXIT",
+        "",
+    ]
 
 
 WARM_SAVE_PROGRAM = (
