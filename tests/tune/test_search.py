@@ -42,6 +42,15 @@ class Clock:
         return self.now
 
 
+class TickingClock(Clock):
+    """Moves on a millisecond at every reading, as a real clock moves between two readings
+    (the search's own work between trials)."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
 def speed_of(c: Candidate) -> float:
     """Samples/s of a candidate in this toy world: batches pay, workers help, 4 ranks best."""
     k = c.knobs
@@ -372,8 +381,10 @@ def test_a_wait_in_the_queue_counts_as_start_up_and_the_budget_still_holds(
     assert output.validation is None or output.validation.pairs
 
 
-def test_a_long_wait_for_every_job_still_leaves_room_for_a_second_configuration(tmp_path: Path) -> None:
-    clock = Clock()  # 30 s in the queue for each job: the first round's share alone holds no trial
+@pytest.mark.parametrize("clock_kind", [Clock, TickingClock])
+def test_a_long_wait_for_every_job_still_leaves_room_for_a_second_configuration(
+        tmp_path: Path, clock_kind: type[Clock]) -> None:
+    clock = clock_kind()  # 30 s in the queue for each job: the first round's share alone holds no trial
     output = tune(request(budget_s=150), tmp_path, Queued(clock, [30.0], 150), Quiet(), clock=clock)
     assert len([r for r in output.result.trials if r.ok]) == 2 and output.validation.pairs
     assert clock.now <= 150 * 1.10

@@ -157,15 +157,16 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end - budget.spent_s)
     adaptive = held < len(candidates)
     first_end = search_end
-    if adaptive:  # its share, but room for the one more trial that first_round_size counted on at least
-        first_end = budget.spent_s + max((search_end - budget.spent_s) * FIRST_ROUND_SHARE,
-                                         costs.predict(candidates[0], first_steps) if held > 1 else 0.0)
+    owed = 0
+    if adaptive:  # its share; the one more trial that first_round_size counted on may use the search's time
+        first_end = budget.spent_s + (search_end - budget.spent_s) * FIRST_ROUND_SHARE
+        owed = 1 if held > 1 else 0
     rung = [candidates[0]]
     skipped = 0
     while others:
         candidate = next_neighbour(_best(deepest.values()), others, deepest) if adaptive else others[0]
         others.remove(candidate)
-        if not fits(candidate, first_steps, first_end):
+        if not fits(candidate, first_steps, search_end if len(rung) <= owed else first_end):
             skipped += 1
             if adaptive:  # the first round's share is spent: the rest are not tried
                 skipped += len(others)
