@@ -79,6 +79,20 @@ def test_lumi_rank_gets_the_course_environment() -> None:
     assert env["TRITON_CACHE_DIR"][0] == "/tmp/alice-scalerun-cache-77-node1/triton"
 
 
+def test_a_site_value_naming_a_variable_not_set_here_gives_way_to_the_default() -> None:
+    """Outside a SLURM job there is no SLURM_NODEID: the site's MIOpen folder cannot be
+    named, and scalerun's own per-node folder is used instead of a literal '${...}' path."""
+    decision = decide_environment(
+        rank=RankFacts(gpu_vendor="amd"),
+        site_task_env={"MIOPEN_USER_DB_PATH": "/tmp/${USER}-miopen-cache-${SLURM_NODEID}",
+                       "SITE_PLAIN": "$$HOME-kept"},
+        environ={"USER": "alice"})
+    env = env_of(decision)
+    assert env["MIOPEN_USER_DB_PATH"] == ("/tmp/alice-scalerun-cache-local-node0/miopen", "default")
+    assert env["SITE_PLAIN"] == ("$HOME-kept", "site")  # $$ is a literal $, no reference
+    assert not any("${" in value for value, _ in env.values())
+
+
 def test_without_site_miopen_gets_one_folder_per_job_and_node() -> None:
     decision = decide_environment(rank=RankFacts(gpu_vendor="amd"),
                                   environ={"USER": "a", "SLURM_JOB_ID": "9", "SLURM_NODEID": "3"})

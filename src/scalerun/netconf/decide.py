@@ -165,11 +165,15 @@ def _apply_site(
     """The site's per-task variables replace scalerun's defaults of the same name.
 
     ``${USER}``-style references are filled from the rank's environment, as the shell
-    would in a job script; unknown ones stay as written.
+    would in a job script. A value naming a variable that is not set here (``${SLURM_NODEID}``
+    outside a SLURM job) is left out, and scalerun's default of that name, if any, stays:
+    kept as written, it would be a folder literally named ``/tmp/${USER}-miopen-cache-...``
+    that every rank then creates and uses.
     """
     site = [Setting(name, Template(value).safe_substitute(environ), "site",
                     "site profile [task_env]")
-            for name, value in site_task_env.items()]
+            for name, value in site_task_env.items()
+            if all(ref in environ for ref in Template(value).get_identifiers())]
     names = {s.name for s in site}
     kept = [s for s in settings if s.name not in names]
     return _one_miopen_folder(kept, site) + site
