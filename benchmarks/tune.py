@@ -84,6 +84,7 @@ def part_example(work: Path, budget: str) -> dict:
 def part_grid(work: Path, steps: int, pairs: int) -> dict:
     """The exhaustive grid, the tuner at a quarter of its time, then the two picks alternately."""
     from scalerun.commands.tune import LocalTrials
+    from scalerun.tune.search import Budget
     from scalerun.tune.space import NodeFacts, candidates
     from scalerun.tune.trials import run_or_reuse
     from scalerun.tune.tuner import TuneRequest
@@ -91,7 +92,7 @@ def part_grid(work: Path, steps: int, pairs: int) -> dict:
     cpus = len(os.sched_getaffinity(0))
     request = TuneRequest(script=str(POOR), script_args=("--batch-size", "{per_rank_batch}"),
                           facts=NodeFacts(cpus=cpus, batch=4), budget_s=1e9, warmup_steps=4)
-    runner = LocalTrials(request)
+    runner = LocalTrials(request, Budget(request.budget_s))
     start = time.monotonic()
     grid = [run_or_reuse(work / "grid", c, steps, request.fingerprint(c, steps), runner.run, 4)
             for c in candidates(request.facts)]

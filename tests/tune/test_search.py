@@ -9,16 +9,18 @@ the budget it keeps and the files it leaves can be checked exactly.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from scalerun.commands.tune import OVERRUN
+from scalerun.commands.tune import OVERRUN, Trials
 from scalerun.plan.knobs import knobs_text
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
 from scalerun.tune.search import (
     ETA,
+    Budget,
     Costs,
     first_round_size,
     halving_cost,
@@ -28,6 +30,7 @@ from scalerun.tune.search import (
 from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates, planned_share
 from scalerun.tune.trials import TRIAL_FILE, TrialResult
 from scalerun.tune.tuner import TUNE_FILE, TuneRequest, closing_lines, tune
+from scalerun.tune.validate import VALIDATE
 from tests.scaling.steplogs import ToyRun, write_run
 
 STARTUP_S = 5.0
@@ -61,8 +64,10 @@ def speed_of(c: Candidate) -> float:
 class StandIn:
     """Runs nothing: writes the candidate's step logs and charges the clock for them."""
 
-    def __init__(self, clock: Clock, *, oom_above_batch: int | None = None, broken: set[str] = frozenset()) -> None:
+    def __init__(self, clock: Clock, *, oom_above_batch: int | None = None, broken: set[str] = frozenset(),
+                 speed: Callable[[Candidate, Path], float] | None = None) -> None:
         self.clock, self.oom_above_batch, self.broken = clock, oom_above_batch, broken
+        self.speed = speed or (lambda candidate, run_dir: speed_of(candidate))
         self.runs: list[tuple[str, int]] = []
 
     def __call__(self, candidate: Candidate, steps: int, run_dir: Path) -> RunOutcome:
@@ -77,7 +82,7 @@ class StandIn:
             self.clock.now += STARTUP_S
             return RunOutcome(exit_code=1, log=log)
         samples = candidate.per_rank_batch or 4
-        dt = samples * candidate.ranks / speed_of(candidate)
+        dt = samples * candidate.ranks / self.speed(candidate, run_dir)
         write_run(run_dir, ToyRun(world=candidate.ranks, steps=steps, samples=samples, fwd_s=dt))
         for rank in range(candidate.ranks):
             append_jsonl(step_log_path(run_dir, rank), [{"kind": "end", "t": 0, "peak_rss_mb": 100.0 + samples,
@@ -218,6 +223,76 @@ def test_a_tuning_cut_off_goes_on_to_the_same_budget_when_called_again(tmp_path:
     assert [(t.candidate, t.steps) for t in resumed.result.trials] == [(t.candidate, t.steps)
                                                                        for t in whole.result.trials]
     assert cut_clock.now + again_clock.now == pytest.approx(clock.now)  # the budget was spent once
+
+
+class Timed(Trials):
+    """The real runners' timeout rule (:class:`scalerun.commands.tune.Trials`) over a stand-in."""
+
+    def __init__(self, request: TuneRequest, budget: Budget, stand_in: StandIn) -> None:
+        super().__init__(request, budget)
+        self.stand_in, self.timeouts = stand_in, []
+
+    def launch(self, candidate: Candidate, steps: int, run_dir: Path, timeout_s: float) -> RunOutcome:
+        self.timeouts.append(timeout_s)
+        return self.stand_in(candidate, steps, run_dir)
+
+
+def test_a_resumed_tunings_trials_get_what_is_left_of_the_budget_as_their_timeout(tmp_path: Path) -> None:
+    """The reused trials of the first call count: a trial of the second call that hangs is
+    stopped where the budget (and 5 %) ends for both calls together, not a whole budget later."""
+
+    class CutOff(StandIn):
+        def __call__(self, candidate, steps, run_dir):
+            if len(self.runs) == 6:
+                raise KeyboardInterrupt
+            return super().__call__(candidate, steps, run_dir)
+
+    cut_clock = Clock()
+    with pytest.raises(KeyboardInterrupt):
+        tune(request(budget_s=150), tmp_path, CutOff(cut_clock), Quiet(), clock=cut_clock)
+    again_clock = Clock()
+    budget = Budget(150, clock=again_clock)
+    runner = Timed(request(budget_s=150), budget, StandIn(again_clock))
+    tune(request(budget_s=150), tmp_path, runner.run, Quiet(), budget=budget)
+    assert cut_clock.now > 0 and runner.timeouts
+    assert runner.timeouts[0] == pytest.approx(150 * (1 + OVERRUN) - cut_clock.now, abs=0.01)  # wall_s: ms
+
+
+def test_a_winner_the_check_runs_slower_than_the_defaults_is_not_recommended(tmp_path: Path) -> None:
+    """Short trials flattered every configuration but the defaults here: the check at full
+    length runs each at a tenth of its trial speed, the search's winner slower than the
+    defaults. The defaults stay, in tune.json, tune.md and the command printed last."""
+    clock = Clock()
+    flattered = StandIn(clock, speed=lambda c, run_dir: speed_of(c) / (
+        10 if VALIDATE in run_dir.parts and not c.default else 1))
+    output = tune(request(budget_s=100000), tmp_path, flattered, Quiet(), clock=clock)
+    space = candidates(FACTS)
+    assert output.result.best.candidate.label == max(space, key=speed_of).label  # the search's pick
+    assert output.validation.ratio < 1 and output.overturned
+    assert output.best.candidate == space[0]
+    data = json.loads((tmp_path / TUNE_FILE).read_text())
+    assert data["best"]["label"] == space[0].label and data["best"]["command"] == data["default"]["command"]
+    assert data["search_best"]["label"] == output.result.best.candidate.label
+    lines = closing_lines(output)
+    assert any(line.endswith("so the defaults stay.") for line in lines)
+    assert lines[-1].split() == data["default"]["command"]
+
+
+def test_a_check_that_finished_no_pair_says_the_winner_is_unchecked(tmp_path: Path) -> None:
+    clock = Clock()
+
+    class CheckFails(StandIn):
+        def __call__(self, candidate, steps, run_dir):
+            if steps == 40 and not candidate.default:
+                self.broken = {candidate.label}
+            return super().__call__(candidate, steps, run_dir)
+
+    output = tune(request(budget_s=100000), tmp_path, CheckFails(clock), Quiet(), clock=clock)
+    assert output.validation is not None and output.validation.ratio is None and not output.overturned
+    assert output.best == output.result.best  # the search's pick, unchecked
+    [line] = [line for line in closing_lines(output) if line.startswith("Not checked")]
+    assert f"{output.best.candidate.label} failed: ValueError: the script broke" in line
+    assert "the ratio above is the trials'" in line
 
 
 def test_out_of_memory_is_infeasible_and_recorded_not_a_crash(tmp_path: Path) -> None:
@@ -378,7 +453,10 @@ def test_a_wait_in_the_queue_counts_as_start_up_and_the_budget_still_holds(
     assert len(ok) >= 2 and output.best.speed >= output.result.default.speed
     costs = learn_costs(ok)
     assert STARTUP_S < costs.startup_s < STARTUP_S + 10.0  # the waits' median, not the long one
-    assert output.validation is None or output.validation.pairs
+    # the check finished a pair, or a long wait in the queue stopped its runs and the report says so
+    checked = output.validation is None or output.validation.ratio is not None
+    assert checked or any(line.startswith("Not checked against the defaults: no pair of the check finished")
+                          for line in closing_lines(output))
 
 
 @pytest.mark.parametrize("clock_kind", [Clock, TickingClock])
@@ -386,5 +464,5 @@ def test_a_long_wait_for_every_job_still_leaves_room_for_a_second_configuration(
         tmp_path: Path, clock_kind: type[Clock]) -> None:
     clock = clock_kind()  # 30 s in the queue for each job: the first round's share alone holds no trial
     output = tune(request(budget_s=150), tmp_path, Queued(clock, [30.0], 150), Quiet(), clock=clock)
-    assert len([r for r in output.result.trials if r.ok]) == 2 and output.validation.pairs
+    assert len([r for r in output.result.trials if r.ok]) == 2 and output.validation.ratio is not None
     assert clock.now <= 150 * 1.10

@@ -25,6 +25,7 @@ from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.scaling.study import RunOutcome
+    from scalerun.tune.search import Budget
     from scalerun.tune.space import Candidate, NodeFacts
     from scalerun.tune.tuner import OnSlurm, TuneRequest
 
@@ -108,6 +109,7 @@ def duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from scalerun.commands.slurm_runs import runs_on_slurm
     from scalerun.tune.progress import default_progress
+    from scalerun.tune.search import Budget
     from scalerun.tune.tuner import TuneRequest, closing_lines, ranked_lines, tune
 
     slurm = on_slurm(args) if runs_on_slurm(args) or args.gpus_per_node is not None else None
@@ -120,9 +122,10 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.script).is_file():
         raise ScalerunError(f"script {args.script!r} not found; give the path of a Python file")
     out = (args.out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    trials = LocalTrials(request) if slurm is None else SlurmTrials(request)
+    budget = Budget(request.budget_s)
+    trials = LocalTrials(request, budget) if slurm is None else SlurmTrials(request, budget)
     with default_progress(request.budget_s) as progress:
-        output = tune(request, out, trials.run, progress)
+        output = tune(request, out, trials.run, progress, budget=budget)
     print("\n".join([*ranked_lines(output), *closing_lines(output)]))
     return 0
 
@@ -180,16 +183,16 @@ trial's start-up or its wait in a SLURM queue turns out to be."""
 
 
 class Trials:
-    """Runs the trials of one request; each gets the budget left as its timeout."""
+    """Runs the trials of one request; each gets the budget left as its timeout, counted by
+    the tuner's own :class:`Budget` (so a resumed tuning's reused trials count as well)."""
 
-    def __init__(self, request: TuneRequest, python: str = sys.executable) -> None:
-        self.request, self.python = request, python
-        self.start = time.monotonic()  # as the tuner's budget: a trial never outlives it by much
+    def __init__(self, request: TuneRequest, budget: Budget, python: str = sys.executable) -> None:
+        self.request, self.budget, self.python = request, budget, python
 
     def run(self, candidate: Candidate, steps: int, run_dir: Path) -> RunOutcome:
         from scalerun.scaling.study import RunOutcome
 
-        left = self.request.budget_s * (1 + OVERRUN) - (time.monotonic() - self.start)
+        left = self.budget.total_s * (1 + OVERRUN) - self.budget.spent_s
         if left <= 0:
             return RunOutcome(exit_code=124, error="not started: the budget is spent")
         return self.launch(candidate, steps, run_dir, left)

@@ -111,7 +111,7 @@ class SearchResult:
 
 def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, *,
            fingerprint: Callable[[Candidate, int], dict[str, Any]], budget: Budget,
-           first_steps: int, warmup_steps: int, validation_s: Callable[[Costs], float],
+           first_steps: int, warmup_steps: int, validation_s: Callable[[Costs, Candidate], float],
            progress: Progress, refine: Callable[[Candidate], list[Candidate]] | None = None,
            fallback: Callable[[Candidate], Candidate | None] | None = None,
            seed: int = 0) -> SearchResult:
@@ -147,26 +147,32 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
                         f"fix the script or the launch first (log: {default.run_dir})")
     costs = learn_costs(trials)
     assert costs is not None
-    search_end = budget.total_s - validation_s(costs)
-    if search_end <= budget.spent_s:
+
+    def search_end() -> float:
+        """The budget less the check's time, costed with the best so far: a winner with a
+        larger batch has longer steps than the defaults, and its check run must fit too."""
+        best = _best(deepest.values())
+        return budget.total_s - validation_s(costs, best.candidate if best else candidates[0])
+
+    if search_end() <= budget.spent_s:
         raise TuneError(f"a budget of {budget.total_s:g} s holds no search: one run of the defaults "
                         f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
                         "larger --budget or fewer --steps")
     others = list(candidates[1:])
     random.Random(seed).shuffle(others)  # ties and the order of a full first round
-    held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end - budget.spent_s)
+    held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end() - budget.spent_s)
     adaptive = held < len(candidates)
-    first_end = search_end
+    first_end = math.inf  # a full first round: the search's end alone
     owed = 0
     if adaptive:  # its share; the one more trial that first_round_size counted on may use the search's time
-        first_end = budget.spent_s + (search_end - budget.spent_s) * FIRST_ROUND_SHARE
+        first_end = budget.spent_s + (search_end() - budget.spent_s) * FIRST_ROUND_SHARE
         owed = 1 if held > 1 else 0
     rung = [candidates[0]]
     skipped = 0
     while others:
         candidate = next_neighbour(_best(deepest.values()), others, deepest) if adaptive else others[0]
         others.remove(candidate)
-        if not fits(candidate, first_steps, search_end if len(rung) <= owed else first_end):
+        if not fits(candidate, first_steps, search_end() if len(rung) <= owed else min(first_end, search_end())):
             skipped += 1
             if adaptive:  # the first round's share is spent: the rest are not tried
                 skipped += len(others)
@@ -175,7 +181,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         tried = run(candidate, first_steps)
         rung.append(candidate)
         twin = fallback(candidate) if fallback is not None and tried.status == "infeasible" else None
-        if twin is not None and twin.label not in deepest and fits(twin, first_steps, search_end):
+        if twin is not None and twin.label not in deepest and fits(twin, first_steps, search_end()):
             progress.note(f"{candidate.label} ran out of memory; trying it with {twin.knobs.strategy}")
             run(twin, first_steps)
             rung.append(twin)
@@ -189,7 +195,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         if len(keep) <= 1:
             break
         if not all(free(c, steps) for c in keep):  # else an earlier call ran this rung: it fitted
-            left = search_end - budget.spent_s  # a rung that does not fit whole: the best that fit
+            left = search_end() - budget.spent_s  # a rung that does not fit whole: the best that fit
             fit = sum(1 for total in itertools.accumulate(costs.predict(c, steps) for c in keep) if total <= left)
             if fit < 2:
                 break
@@ -205,7 +211,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         if around:
             progress.note(f"trying {len(around)} setting(s) around the best at {best.steps} steps")
         for candidate in around:
-            if fits(candidate, best.steps, search_end):
+            if fits(candidate, best.steps, search_end()):
                 run(candidate, best.steps)
     ranking = sorted(deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
     return SearchResult(trials=tuple(trials), ranking=tuple(ranking), default=deepest[candidates[0].label],

@@ -139,18 +139,27 @@ class TuneOutput:
 
     @property
     def best(self) -> TrialResult:
+        """The configuration the tuning recommends: the search's best, unless the check ran
+        it slower than the defaults at full length (then the defaults: short trials can
+        flatter a configuration, and the check is the longer, alternating measurement)."""
         best = self.result.best
         assert best is not None, "the default ran, so there is a best"
-        return best
+        return self.result.default if self.overturned else best
+
+    @property
+    def overturned(self) -> bool:
+        """The check ran the search's winner slower than the defaults."""
+        return self.validation is not None and self.validation.ratio is not None and self.validation.ratio < 1.0
 
 
 def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Progress, *,
-         clock: Any = time.monotonic) -> TuneOutput:
-    """Search, validate and write ``tune.json`` and ``tune.md`` into ``out_dir``."""
+         clock: Any = time.monotonic, budget: Budget | None = None) -> TuneOutput:
+    """Search, validate and write ``tune.json`` and ``tune.md`` into ``out_dir``. ``budget``:
+    the one the trial runner times its trials by, when it does."""
     out_dir.mkdir(parents=True, exist_ok=True)
     space = candidates(request.facts)
     default = space[0]
-    budget = Budget(request.budget_s, clock=clock)
+    budget = budget or Budget(request.budget_s, clock=clock)
     progress.note(f"{len(space)} configuration(s) to try; budget {request.budget_s:g} s; results in {out_dir}")
     if request.slurm is not None:
         progress.note(f"each trial is a SLURM job on {request.facts.nodes} node(s) of {request.facts.cpus} "
@@ -204,7 +213,7 @@ def trial_data(result: TrialResult) -> dict[str, Any]:
 
 def tune_data(output: TuneOutput, spent_s: float) -> dict[str, Any]:
     request, result = output.request, output.result
-    best = result.best
+    best = output.best if result.best is not None else None
     validation = output.validation
     data: dict[str, Any] = {
         "request": {"script": request.script, "script_args": list(request.script_args),
@@ -222,6 +231,8 @@ def tune_data(output: TuneOutput, spent_s: float) -> dict[str, Any]:
     if best is not None:
         data["best"] = {**trial_data(best), "command": request.command(best.candidate),
                         "snippet": snippet(best.candidate)}
+    if output.overturned and result.best is not None:
+        data["search_best"] = trial_data(result.best)  # the check ran it slower than the defaults
     if validation is not None:
         data["validation"] = {"steps": validation.steps, "ratio": validation.ratio,
                               "default_samples_per_s": validation.speeds(0),
@@ -265,11 +276,19 @@ def closing_lines(output: TuneOutput) -> list[str]:
     options the script kept, the snippet, and the winner's command last."""
     lines: list[str] = []
     validation = output.validation
-    best = output.result.best
+    best = output.best if output.result.best is not None else None
     if validation is not None and validation.ratio is not None:
-        lines.append(f"Checked at {validation.steps} steps in {len(validation.pairs)} alternating pair(s): "
-                     f"the winner runs {validation.ratio:.2f}x the defaults "
-                     f"({_speeds(validation.speeds(1))} against {_speeds(validation.speeds(0))} samples/s).")
+        winner = output.result.best
+        checked = (f"Checked at {validation.steps} steps in {len(validation.pairs)} alternating pair(s): "
+                   f"the search's winner runs {validation.ratio:.2f}x the defaults "
+                   f"({_speeds(validation.speeds(1))} against {_speeds(validation.speeds(0))} samples/s)")
+        lines.append(f"{checked}: its short trials flattered it ({winner.candidate.label if winner else '?'}), "
+                     "so the defaults stay." if output.overturned else f"{checked}.")
+    elif validation is not None:
+        failed = next((r for pair in validation.pairs for r in pair if not r.ok), None)
+        why = f"{failed.candidate.label} {failed.status}: {failed.error}" if failed else "no run finished"
+        lines.append(f"Not checked against the defaults: no pair of the check finished both runs ({why}); "
+                     "the ratio above is the trials'.")
     elif best is not None and best.candidate.label == output.result.default.candidate.label:
         lines.append("The defaults won: scalerun's plan is already the fastest configuration tried.")
     elif best is not None and not output.request.check_pairs:

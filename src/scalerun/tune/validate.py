@@ -41,9 +41,10 @@ class Validation:
         return [pair[which].speed for pair in self.pairs if pair[which].ok]
 
 
-def validation_cost(default: Candidate, steps: int, pairs: int = 1) -> Callable[[Costs], float]:
-    """The seconds to reserve for ``pairs`` alternating pairs (the winner costed as the default)."""
-    return lambda costs: pairs * 2 * costs.predict(default, steps)
+def validation_cost(default: Candidate, steps: int, pairs: int = 1) -> Callable[[Costs, Candidate], float]:
+    """The seconds to reserve for ``pairs`` alternating pairs of the defaults and ``winner``
+    (the search asks with its best so far)."""
+    return lambda costs, winner: pairs * (costs.predict(default, steps) + costs.predict(winner, steps))
 
 
 def validate(default: Candidate, winner: Candidate, out_dir: Path, run_trial: RunTrial, *,
@@ -55,7 +56,8 @@ def validate(default: Candidate, winner: Candidate, out_dir: Path, run_trial: Ru
         folder = out_dir / VALIDATE / f"pair-{index}"
         reusable = all(recorded(trial_dir(folder, c, steps), c, steps, fingerprint(c, steps))
                        for c in (default, winner))
-        if pairs and not reusable and budget.spent_s + 2 * costs.predict(default, steps) > budget.total_s:
+        pair_s = costs.predict(default, steps) + costs.predict(winner, steps)  # a larger batch: longer steps
+        if pairs and not reusable and budget.spent_s + pair_s > budget.total_s:
             break
         done = []
         for candidate in (default, winner):
