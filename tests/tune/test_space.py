@@ -71,6 +71,8 @@ def test_refinements_try_ddp_buckets_only_where_there_is_an_all_reduce() -> None
     on_gpu = refinements(Candidate(ranks=8, knobs=Knobs(threads=1, loader_workers=3)), NodeFacts(cpus=56, gpus=8))
     assert [c.knobs.pin_memory for c in on_gpu][-2:] == [False, None]
     assert on_gpu[-1].knobs.precision == "fp16"
+    labels = [c.label for c in on_gpu]  # each its own trial folder, none the winner's
+    assert len(set(labels)) == len(labels) and "r8-t1-w3" not in labels and "r8-t1-w3-unpinned" in labels
 
 
 def test_on_gpus_fp16_and_the_other_compile_modes_are_tried_around_a_compiled_winner() -> None:

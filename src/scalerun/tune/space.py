@@ -86,7 +86,7 @@ class Candidate:
         parts += [f"compile-{k.compile}"] if k.compile not in (None, "off") else []
         parts += [f"bucket{k.bucket_cap_mb:g}"] if k.bucket_cap_mb is not None else []
         parts += ["static"] if k.static_graph else []
-        parts += ["pinned"] if k.pin_memory else []
+        parts += ["pinned" if k.pin_memory else "unpinned"] if k.pin_memory is not None else []
         parts += [k.strategy] if k.strategy else []
         return "-".join(parts)
 
