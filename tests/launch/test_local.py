@@ -311,3 +311,21 @@ def test_on_several_nodes_each_line_names_its_rank_and_node(tmp_path: Path) -> N
     lines = sorted(line for line in (out + second.stdout).splitlines() if "hello from" in line)
     assert lines == ["[rank0 b1]: hello from 0", "[rank1 b1]: hello from 1",
                      "[rank2 b2]: hello from 2", "[rank3 b2]: hello from 3"]
+
+
+@pytest.mark.parametrize(("node_rank", "saves"), [(0, True), (1, False)])
+def test_only_the_first_nodes_launcher_saves_the_warm_caches(tmp_path, monkeypatch, node_rank, saves) -> None:
+    """A program without init() cannot save its caches; the launcher does, on the first node
+    of a local launch over several nodes only (one node saves, as in a SLURM job)."""
+    from scalerun.launch.local import agent
+    from scalerun.runtime import warm
+
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('no scalerun here')\n")
+    saved = []
+    monkeypatch.setattr(warm, "save_for_node", lambda environ, who: saved.append(who))
+    job = local_job(script=str(plain), nproc_per_node=1, nnodes=2, node_rank=node_rank,
+                    master_addr="127.0.0.1", master_port=29999)
+    assert job.plan.exec_bind
+    agent._save_warm_cache(job)
+    assert saved == (["scalerun launch"] if saves else [])

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from scalerun.netconf.settings import Setting
 from scalerun.netconf.warm_cache import (
+    COPIES_LOCK,
     LAYOUT,
     MANIFEST,
     WarmCache,
@@ -189,3 +193,87 @@ def test_a_file_rewritten_in_place_is_saved_again(tmp_path: Path) -> None:
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     assert save(warm, folders).files == 1
     assert (warm.folder / "files" / "inductor" / "a").read_text() == "new!"
+
+
+def test_only_the_files_the_manifest_lists_are_loaded(tmp_path: Path) -> None:
+    """A link planted in the copy, or a file under a name never saved (``locks``), passes
+    the manifest check (neither is a file it counts) but is not restored either."""
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "old"), inductor__a="good")
+    save(warm, node_folders(tmp_path / "old"))
+    secret = tmp_path / "secret"
+    secret.write_text("not a cache")
+    (warm.folder / "files" / "inductor" / "link").symlink_to(secret)
+    (warm.folder / "files" / "inductor" / "locks").mkdir()
+    (warm.folder / "files" / "inductor" / "locks" / "planted").write_text("x")
+    node = tmp_path / "node"
+    outcome = restore(warm, node_folders(node), node)
+    assert outcome is not None and outcome.files == 1
+    assert sorted(p.name for p in (node / "inductor").iterdir()) == ["a"]
+
+
+def test_a_restore_waits_while_a_save_replaces_the_copy(tmp_path: Path) -> None:
+    """The copies' lock: a save holds it exclusively, a restore shares it, so a restore
+    never checks one copy and reads another (nor discards the copy a save just wrote)."""
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "old"), inductor__a="1")
+    save(warm, node_folders(tmp_path / "old"))
+    done: list = []
+    with open(warm.root / COPIES_LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a save of another job, under way
+        reader = threading.Thread(target=lambda: done.append(
+            restore(warm, node_folders(tmp_path / "node"), tmp_path / "node")))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not done
+    reader.join(30)
+    assert done and done[0].files == 1
+
+
+def test_a_save_that_fails_half_way_keeps_the_old_copy_and_leaves_nothing(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    compiled(node_folders(tmp_path / "j1"), inductor__a="1")
+    save(warm, node_folders(tmp_path / "j1"))
+    compiled(node_folders(tmp_path / "j2"), inductor__a="1", inductor__b="2", inductor__c="3")
+    copied = []
+
+    def full_disk(source, target, **kwargs):
+        if copied:
+            raise OSError(28, "No space left on device")
+        copied.append(source)
+        return real_copy(source, target, **kwargs)
+
+    real_copy = shutil.copy2
+    monkeypatch.setattr(shutil, "copy2", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save(warm, node_folders(tmp_path / "j2"))
+    monkeypatch.undo()
+    assert sorted(p.name for p in warm.root.iterdir()) == [COPIES_LOCK, "k"]  # no .new-/.old- left
+    assert sorted(json.loads((warm.folder / MANIFEST).read_text())["files"]) == ["inductor/a"]
+    real_rename = os.rename
+
+    def install_fails(source, target):
+        if Path(source).name.startswith(".new-"):
+            raise OSError(39, "Directory not empty")
+        return real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", install_fails)
+    with pytest.raises(OSError, match="not empty"):
+        save(warm, node_folders(tmp_path / "j2"))
+    monkeypatch.undo()
+    assert sorted(p.name for p in warm.root.iterdir()) == [COPIES_LOCK, "k"]  # the old copy back
+    node = tmp_path / "node"
+    assert restore(warm, node_folders(node), node).files == 1
+
+
+def test_a_manifest_with_malformed_entries_is_saved_over_not_a_traceback(tmp_path: Path) -> None:
+    warm = WarmCache(tmp_path / "warm", "k")
+    folders = node_folders(tmp_path / "j")
+    compiled(folders, inductor__a="1")
+    save(warm, folders)
+    manifest = json.loads((warm.folder / MANIFEST).read_text())
+    for files in ({"inductor/a": 5}, ["inductor/a"]):
+        (warm.folder / MANIFEST).write_text(json.dumps({**manifest, "files": files}))
+        assert save(warm, folders).files == 1  # not taken as unchanged: saved again
+        assert json.loads((warm.folder / MANIFEST).read_text())["files"]["inductor/a"]["size"] == 1

@@ -53,7 +53,10 @@ RESTORED_MARK = ".scalerun-warm-restored"
 """In a node's cache root: the copy was restored there (the other ranks skip it), and
 what a later save needs (the copy's folder, key, cap, and the node's cache folders)."""
 LOCK = ".scalerun-cache.lock"
-"""The node's cache lock (:func:`scalerun.netconf.caches.create_cache_dirs` takes it too)."""
+"""In a node's cache root: the lock the node's ranks take to restore the copy once."""
+COPIES_LOCK = ".lock"
+"""In the warm copies' folder: shared while a restore checks and reads a copy, exclusive
+while a save replaces one or evicts, so a reader never sees a copy change under it."""
 SKIPPED = (LOCK, RESTORED_MARK, "locks")
 """Names never copied: lock files and the mark (inductor keeps its lock files in ``locks``)."""
 DEFAULT_CAP_BYTES = 10 * 1024**3
@@ -139,21 +142,36 @@ def recorded(node_root: Path) -> tuple[WarmCache, dict[str, Path]] | None:
 
 
 def _restore_locked(warm: WarmCache, targets: Mapping[str, Path]) -> Outcome:
+    """Check the copy and copy the files its manifest lists (nothing else: a link or a file
+    the manifest does not name is never loaded), under the copies' shared lock; a copy that
+    fails the check is removed under the exclusive lock, if it still fails then (a save may
+    have replaced it meanwhile)."""
     if not warm.folder.is_dir():
         return Outcome(0, 0, f"warm JIT cache: none yet for {warm.key} in {warm.root}; "
                              "this job starts cold and saves one at its end")
-    problem = check_copy(warm)
-    if problem:
-        shutil.rmtree(warm.folder, ignore_errors=True)
-        return Outcome(0, 0, f"warm JIT cache {warm.folder} discarded, never loaded: {problem}")
+    with _locked(warm.root / COPIES_LOCK, shared=True):
+        problem = check_copy(warm)
+        if not problem:
+            return _copy_listed(warm, targets)
+    with _locked(warm.root / COPIES_LOCK):
+        problem = check_copy(warm) if warm.folder.is_dir() else None
+        if problem:
+            shutil.rmtree(warm.folder, ignore_errors=True)
+            return Outcome(0, 0, f"warm JIT cache {warm.folder} discarded, never loaded: {problem}")
+    return _restore_locked(warm, targets)  # replaced by a save meanwhile: the new copy, checked
+
+
+def _copy_listed(warm: WarmCache, targets: Mapping[str, Path]) -> Outcome:
+    listed = json.loads((warm.folder / MANIFEST).read_text())["files"]
     files = size = 0
-    for name, target in targets.items():
-        source = warm.folder / FILES / name
-        if not source.is_dir():
+    for relative in listed:
+        name, _, rest = relative.partition("/")
+        if name not in targets or not rest:
             continue
-        shutil.copytree(source, target, dirs_exist_ok=True, copy_function=shutil.copy2)
-        for path in _files(source):
-            files, size = files + 1, size + path.stat().st_size
+        target = targets[name] / rest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(warm.folder / FILES / relative, target)
+        files, size = files + 1, size + target.stat().st_size
     os.utime(warm.folder)  # used now: the last to be evicted
     return Outcome(files, size, f"warm JIT cache: restored {files} file(s), "
                                 f"{_mib(size)} from {warm.folder}")
@@ -201,31 +219,43 @@ def save(warm: WarmCache, targets: Mapping[str, Path]) -> Outcome:
         return Outcome(0, 0, f"warm JIT cache not saved: {_mib(size)} is more than the cap of "
                              f"{_mib(warm.cap_bytes)} (the site's [runtime] warm_cache_gb)")
     warm.root.mkdir(parents=True, exist_ok=True)
-    with _locked(warm.root / ".lock"):
+    with _locked(warm.root / COPIES_LOCK):
         if _unchanged(warm, listed):
             os.utime(warm.folder)
             return Outcome(0, 0, f"warm JIT cache: nothing new for {warm.key}")
         staging = warm.root / f".new-{warm.key}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        manifest: dict[str, object] = {"key": warm.key, "layout": LAYOUT, "saved": time.time(),
-                                       "files": {}}
-        for relative, path in listed.items():
-            target = staging / FILES / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-            manifest["files"][relative] = {"size": target.stat().st_size,  # type: ignore[index]
-                                           "sha256": _sha256(target),
-                                           "mtime_ns": path.stat().st_mtime_ns}
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         old = warm.root / f".old-{warm.key}-{os.getpid()}"
-        if warm.folder.exists():
-            os.rename(warm.folder, old)
-        os.rename(staging, warm.folder)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            _stage(staging, listed, warm.key)
+            if warm.folder.exists():
+                os.rename(warm.folder, old)
+            try:
+                os.rename(staging, warm.folder)
+            except OSError:
+                if old.exists():  # the old copy back: a failed save loses nothing
+                    os.rename(old, warm.folder)
+                raise
+        finally:  # what a save that failed half-way wrote (a full disk) is not left behind
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
         evicted = evict(warm.root, warm.cap_bytes, keep=warm.key)
     note = f"; evicted {', '.join(evicted)} (least recently used)" if evicted else ""
     return Outcome(len(listed), size, f"warm JIT cache: saved {len(listed)} file(s), "
                                       f"{_mib(size)} to {warm.folder}{note}")
+
+
+def _stage(staging: Path, listed: Mapping[str, Path], key: str) -> None:
+    """The new copy beside the old one: its files and its manifest."""
+    shutil.rmtree(staging, ignore_errors=True)
+    manifest: dict[str, object] = {"key": key, "layout": LAYOUT, "saved": time.time(), "files": {}}
+    for relative, path in listed.items():
+        target = staging / FILES / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        manifest["files"][relative] = {"size": target.stat().st_size,  # type: ignore[index]
+                                       "sha256": _sha256(target),
+                                       "mtime_ns": path.stat().st_mtime_ns}
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def _unchanged(warm: WarmCache, listed: Mapping[str, Path]) -> bool:
@@ -237,11 +267,11 @@ def _unchanged(warm: WarmCache, listed: Mapping[str, Path]) -> bool:
         recorded = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    if set(recorded) != set(listed):
+    if not isinstance(recorded, dict) or set(recorded) != set(listed):
         return False
     for relative, path in listed.items():
         entry, stat = recorded[relative], path.stat()
-        if entry.get("size") != stat.st_size:
+        if not isinstance(entry, dict) or entry.get("size") != stat.st_size:
             return False
         if entry.get("mtime_ns") != stat.st_mtime_ns and entry.get("sha256") != _sha256(path):
             return False
@@ -298,12 +328,19 @@ def _mib(size: int) -> str:
 
 
 class _locked:
-    """An exclusive ``flock`` on ``path`` for the ``with`` block (the file is kept)."""
+    """An exclusive (or shared) ``flock`` on ``path`` for the ``with`` block (the file is kept)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, shared: bool = False) -> None:
+        self.path, self.shared = path, shared
 
     def __enter__(self) -> None:
+        if self.shared:  # a reader of a copy it may not write (a project's read-only folder)
+            try:
+                self.handle = open(self.path, "a")
+            except OSError:
+                self.handle = open(self.path)
+            fcntl.flock(self.handle, fcntl.LOCK_SH)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.path, "a")
         fcntl.flock(self.handle, fcntl.LOCK_EX)

@@ -52,8 +52,10 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
 
 
 def _save_warm_cache(job: LocalJob) -> None:
-    """The warm JIT caches of a program without ``init()``, whose ranks cannot save them."""
-    if job.plan.exec_bind:
+    """The warm JIT caches of a program without ``init()``, whose ranks cannot save them:
+    from the first node only, as a SLURM job saves (each node's launcher would otherwise
+    replace the whole copy in turn)."""
+    if job.plan.exec_bind and job.plan.request.local.node_rank == 0:
         from scalerun.runtime.warm import save_for_node
 
         save_for_node(os.environ, "scalerun launch")
