@@ -26,11 +26,16 @@ def describe_exit(exitcode: int) -> str:
 def root_failures(failures: dict) -> list[tuple[int, object]]:
     """The failures that caused the stop, earliest first.
 
-    When one rank fails, elastic sends SIGTERM to the others and reports them as failed
-    too; those are consequences, so they are dropped unless nothing else failed.
+    When one rank fails, the starter sends SIGTERM to the others and SIGKILL to those still
+    running after its grace period, and reports them as failed too; those are consequences,
+    so they are dropped unless nothing else failed. A SIGKILL that came first is a cause
+    (the kernel's out-of-memory killer sends it): "signal SIGKILL" in the line is how
+    ``scalerun tune`` tells a configuration that ran out of memory.
     """
     ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
     causes = [item for item in ordered if item[1].exitcode != -signal.SIGTERM]
+    if causes and causes[0][1].exitcode != -signal.SIGKILL:  # later SIGKILLs: the starter's own
+        causes = [item for item in causes if item[1].exitcode != -signal.SIGKILL]
     return causes or ordered
 
 
