@@ -414,8 +414,17 @@ def test_the_report_names_the_options_the_script_kept(tmp_path: Path) -> None:
             return outcome
 
     clock = Clock()
-    output = tune(request(budget_s=100000), tmp_path, SetsItsWorkers(clock), Quiet(), clock=clock)
+    runner, progress = SetsItsWorkers(clock), Quiet()
+    output = tune(request(budget_s=100000), tmp_path, runner, progress, clock=clock)
     assert output.best.measured.knobs_kept == {"loader_workers": 3}
+    # candidates that differ only in their workers run the same: one of each is tried
+    space = {c.label: c for c in candidates(FACTS)}
+    first = [space[label] for label, steps in runner.runs if steps == 10]
+    runs = {(c.ranks, c.per_rank_batch, c.knobs.threads) for c in first}
+    assert len(runs) == len(first) < len(space)
+    assert runs == {(c.ranks, c.per_rank_batch, c.knobs.threads) for c in space.values()}
+    assert f"{len(space) - len(first)} configuration(s) differ only in what the script sets itself " \
+           "(loader_workers): not tried" in progress.lines
     assert ("The script sets loader_workers=3 itself; the tuner left those alone."
             in (tmp_path / "tune.md").read_text())
 

@@ -29,11 +29,12 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from scalerun.plan.knobs import Knobs
 from scalerun.tune.space import Candidate, TuneError
 from scalerun.tune.trials import RunTrial, TrialResult, recorded, run_or_reuse, trial_dir
 
@@ -158,7 +159,10 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         raise TuneError(f"a budget of {budget.total_s:g} s holds no search: one run of the defaults "
                         f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
                         "larger --budget or fewer --steps")
-    others = list(candidates[1:])
+    others = distinct_runs(candidates[0], candidates[1:], default.measured.knobs_kept if default.measured else None)
+    if len(others) < len(candidates) - 1:
+        progress.note(f"{len(candidates) - 1 - len(others)} configuration(s) differ only in what the script "
+                      f"sets itself ({', '.join(sorted(default.measured.knobs_kept or {}))}): not tried")
     random.Random(seed).shuffle(others)  # ties and the order of a full first round
     held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end() - budget.spent_s)
     adaptive = held < len(candidates)
@@ -216,6 +220,28 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     ranking = sorted(deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
     return SearchResult(trials=tuple(trials), ranking=tuple(ranking), default=deepest[candidates[0].label],
                         skipped=skipped)
+
+
+def distinct_runs(default: Candidate, others: Sequence[Candidate],
+                  kept: Mapping[str, Any] | None) -> list[Candidate]:
+    """``others`` less those that run as the default or an earlier one does: candidates that
+    differ only in knobs the script sets itself (its ``num_workers=3`` wins over any
+    ``--knob loader_workers``) would be the same run measured twice, and one could win on
+    noise with a knob that does nothing."""
+    names = {name for name in (kept or {}) if name in {f.name for f in fields(Knobs)}}
+    if not names:
+        return list(others)
+
+    def run_of(candidate: Candidate) -> tuple:
+        return candidate.ranks, candidate.per_rank_batch, replace(candidate.knobs, **dict.fromkeys(names))
+
+    seen = {run_of(default)}
+    distinct = []
+    for candidate in others:
+        if run_of(candidate) not in seen:
+            seen.add(run_of(candidate))
+            distinct.append(candidate)
+    return distinct
 
 
 FIRST_ROUND_SHARE = 0.6
