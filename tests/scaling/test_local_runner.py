@@ -68,6 +68,30 @@ def test_run_logged_stops_the_whole_group_on_timeout(tmp_path: Path) -> None:
         pytest.fail(f"rank process {pid} outlived its size")
 
 
+def test_a_rank_in_its_own_session_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    """As scalerun's direct launch starts them: each rank a session of its own, so the group's
+    signals miss it; a rank that ignores the SIGTERM is killed once the grace is over."""
+    marker = tmp_path / "rank.pid"
+    rank = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True)
+        open({str(marker)!r}, "w").write(str(child.pid))
+        child.wait()
+    """)
+    start = time.monotonic()
+    outcome = run_logged([sys.executable, "-c", code], tmp_path / "launch.log", timeout_s=2.0, grace_s=0.5)
+    assert outcome.exit_code == 124
+    assert time.monotonic() - start < 10
+    pid = int(marker.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"rank process {pid} in its own session outlived the run")
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

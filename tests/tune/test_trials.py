@@ -35,3 +35,16 @@ def test_what_a_launch_that_failed_was(tmp_path: Path, code: int, log: str, stat
 def test_a_run_without_step_logs_is_a_failure_that_says_why(tmp_path: Path) -> None:
     result = judge(CANDIDATE, 12, tmp_path, RunOutcome(exit_code=0), 9.0, 4)
     assert result.status == "failed" and "no step log" in result.error
+
+
+@pytest.mark.parametrize(("budget_s", "grace_s"), [(60.0, 3.0), (120.0, 6.0), (600.0, 10.0)])
+def test_a_stopped_trial_is_killed_within_the_budgets_ten_percent(budget_s: float, grace_s: float) -> None:
+    """Stopped at the budget and 5 %, killed at most 5 % later (never more than the usual 10 s)."""
+    from scalerun.commands.tune import OVERRUN, LocalTrials
+    from scalerun.tune.search import Budget
+    from scalerun.tune.space import NodeFacts
+    from scalerun.tune.tuner import TuneRequest
+
+    trials = LocalTrials(TuneRequest(script="t.py", facts=NodeFacts(cpus=2), budget_s=budget_s), Budget(budget_s))
+    assert trials.grace_s == pytest.approx(grace_s)
+    assert budget_s * (1 + OVERRUN) + trials.grace_s <= budget_s * 1.10 + 1e-9

@@ -22,7 +22,7 @@ from pathlib import Path
 from scalerun.commands.launch_flags import slurm_flags_of, slurm_given
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
-from scalerun.scaling.study import RunOutcome, run_logged
+from scalerun.scaling.study import STOP_GRACE_S, RunOutcome, run_logged
 from scalerun.sites import SiteProfile, resolve_site
 
 TIMED_OUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -103,14 +103,14 @@ def job_command(command: list[str], run_dir: Path, steps: int | None) -> list[st
 
 
 def run_job_logged(command: list[str], log: Path, timeout_s: float | None = None,
-                   env: dict[str, str] | None = None) -> RunOutcome:
+                   env: dict[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """:func:`~scalerun.scaling.study.run_logged` for a :func:`job_command`: a job the
     launch left behind (stopped on the timeout or Ctrl-C, before its job ended) is
     cancelled; a job SLURM ended at its time limit is a timeout (exit code 124); a job
     that failed to start or was ended by SLURM (NODE_FAIL, CANCELLED...) has the launch's
     line as its error."""
     try:
-        outcome = run_logged(command, log, timeout_s, env=env)
+        outcome = run_logged(command, log, timeout_s, env=env, grace_s=grace_s)
     except BaseException:
         cancel_left_job(log, env)
         raise

@@ -178,8 +178,9 @@ def on_slurm(args: argparse.Namespace) -> OnSlurm:
 
 OVERRUN = 0.05
 """A trial still running when the budget and this share of it are spent is stopped (a
-timeout); once they are spent, none starts: the budget is kept within 10 %, whatever a
-trial's start-up or its wait in a SLURM queue turns out to be."""
+timeout), and killed at most this share later again; once they are spent, none starts: the
+budget is kept within 10 %, whatever a trial's start-up or its wait in a SLURM queue turns
+out to be."""
 
 
 class Trials:
@@ -200,6 +201,14 @@ class Trials:
     def launch(self, candidate: Candidate, steps: int, run_dir: Path, timeout_s: float) -> RunOutcome:
         raise NotImplementedError
 
+    @property
+    def grace_s(self) -> float:
+        """From a stopped trial's SIGTERM to its SIGKILL: the usual 10 s, less where that
+        would take a short budget past its 10 % (a 60 s budget: 3 s)."""
+        from scalerun.scaling.study import STOP_GRACE_S
+
+        return min(STOP_GRACE_S, self.budget.total_s * OVERRUN)
+
 
 class LocalTrials(Trials):
     """Each trial as ``scalerun launch`` on this node, bounded by ``SCALERUN_MAX_STEPS``."""
@@ -210,7 +219,7 @@ class LocalTrials(Trials):
         command = [self.python, "-m", *self.request.command(candidate, program="scalerun")]
         command[command.index("launch") + 1:command.index("launch") + 1] = ["--run-dir", str(run_dir)]
         env = {**os.environ, variables.MAX_STEPS: str(steps)}
-        return run_logged(command, run_dir / LAUNCH_LOG, timeout_s, env=env)
+        return run_logged(command, run_dir / LAUNCH_LOG, timeout_s, env=env, grace_s=self.grace_s)
 
 
 class SlurmTrials(Trials):
@@ -225,4 +234,4 @@ class SlurmTrials(Trials):
         from scalerun.scaling.study import LAUNCH_LOG
 
         command = job_command([self.python, "-m", *self.request.command(candidate)], run_dir, steps)
-        return run_job_logged(command, run_dir / LAUNCH_LOG, timeout_s)
+        return run_job_logged(command, run_dir / LAUNCH_LOG, timeout_s, grace_s=self.grace_s)

@@ -261,10 +261,11 @@ def local_run_size(request: StudyRequest, *, timeout_s: float | None = None,
 
 
 def run_logged(command: list[str], log: Path, timeout_s: float | None = None,
-               env: dict[str, str] | None = None) -> RunOutcome:
+               env: dict[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """Run ``command`` in its own process group with all output to ``log``; stop the whole group
-    (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size.
-    ``env``: the whole environment of the command (default: this process's)."""
+    (the launcher and its ranks) on timeout or Ctrl-C, so no rank outlives its size (SIGKILL
+    ``grace_s`` after SIGTERM). ``env``: the whole environment of the command (default: this
+    process's)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         out.write("$ " + " ".join(shell_quote(w) for w in redact_words(command, secret_values(os.environ))) + "\n")
@@ -274,16 +275,26 @@ def run_logged(command: list[str], log: Path, timeout_s: float | None = None,
         try:
             code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            stop_group(process)
+            stop_group(process, grace_s)
             return RunOutcome(exit_code=124, log=log, error=f"still running after {timeout_s:g} s; stopped")
         except BaseException:
-            stop_group(process)
+            stop_group(process, grace_s)
             raise
     return RunOutcome(exit_code=code, log=log)
 
 
 def stop_group(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the process group we started, then SIGKILL what is left after ``grace_s``."""
+    """SIGTERM the process group we started, then SIGKILL what is left after ``grace_s``:
+    the group and every process it had started by then. A launcher may start its ranks in
+    sessions of their own (scalerun's direct launch does, as torch elastic does), which the
+    group's signals do not reach: the launcher passes the SIGTERM on, but once it is killed
+    a rank that ignored the SIGTERM (or is still saving) would outlive the run."""
+    import psutil
+
+    try:
+        started = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        started = []
     with suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
@@ -292,3 +303,6 @@ def stop_group(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    for child in started:  # psutil refuses a pid that another process took meanwhile
+        with suppress(psutil.Error):
+            child.kill()
