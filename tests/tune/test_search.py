@@ -203,15 +203,18 @@ def test_a_second_call_with_the_same_out_reuses_every_finished_trial(tmp_path: P
     assert not any(t.resumed for t in changed.result.trials)  # another command: nothing reused
 
 
+class CutOff(StandIn):
+    """A tuning cut off (Ctrl-C) as its seventh trial starts."""
+
+    def __call__(self, candidate, steps, run_dir):
+        if len(self.runs) == 6:
+            raise KeyboardInterrupt
+        return super().__call__(candidate, steps, run_dir)
+
+
 def test_a_tuning_cut_off_goes_on_to_the_same_budget_when_called_again(tmp_path: Path) -> None:
     clock = Clock()
     whole = tune(request(budget_s=150), tmp_path / "whole", StandIn(clock), Quiet(), clock=clock)
-
-    class CutOff(StandIn):
-        def __call__(self, candidate, steps, run_dir):
-            if len(self.runs) == 6:
-                raise KeyboardInterrupt
-            return super().__call__(candidate, steps, run_dir)
 
     cut_clock = Clock()
     with pytest.raises(KeyboardInterrupt):
@@ -240,12 +243,6 @@ class Timed(Trials):
 def test_a_resumed_tunings_trials_get_what_is_left_of_the_budget_as_their_timeout(tmp_path: Path) -> None:
     """The reused trials of the first call count: a trial of the second call that hangs is
     stopped where the budget (and 5 %) ends for both calls together, not a whole budget later."""
-
-    class CutOff(StandIn):
-        def __call__(self, candidate, steps, run_dir):
-            if len(self.runs) == 6:
-                raise KeyboardInterrupt
-            return super().__call__(candidate, steps, run_dir)
 
     cut_clock = Clock()
     with pytest.raises(KeyboardInterrupt):
