@@ -8,7 +8,7 @@ The script times its first training step (forward, backward and optimizer step o
 their ratio per round, and the median. Target: warm <= 0.5x cold.
 
     python benchmarks/jit_cache.py                 # local ranks, writes results/jit_cache.json
-    python benchmarks/jit_cache.py --slurm         # on the SLURM cluster of $SLURM_CONF
+    python benchmarks/jit_cache.py --slurm         # on the SLURM cluster of $SLURM_CONF, writes results/jit_cache_slurm.json
     python benchmarks/jit_cache.py --smoke
 """
 
@@ -71,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds of cold + warm (default 3)")
     parser.add_argument("--slurm", action="store_true", help="submit the jobs to SLURM ($SLURM_CONF)")
     parser.add_argument("--smoke", action="store_true", help="one round, for the test suite")
-    parser.add_argument("--out", type=Path, default=RESULTS / "jit_cache.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON report (default results/jit_cache.json, with --slurm jit_cache_slurm.json)")
     args = parser.parse_args(argv)
+    if args.out is None:  # the two measurements are kept side by side, neither overwrites the other
+        args.out = RESULTS / ("jit_cache_slurm.json" if args.slurm else "jit_cache.json")
     repeat = 1 if args.smoke else args.repeat
     cold, warm = [], []
     with tempfile.TemporaryDirectory(prefix="jit-cache-") as folder:
