@@ -4,6 +4,7 @@ elastic's agent (``SCALERUN_LOCAL_AGENT=torch``) where the two must agree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from scalerun.launch.local import direct
@@ -124,28 +126,74 @@ def test_many_ranks_printing_at_once_keep_their_lines_whole(tmp_path: Path) -> N
             f"[rank{rank}]: err {i} of rank {rank}" for i in range(300)]
 
 
-def test_a_signal_to_the_launcher_stops_the_ranks_and_is_one_line(tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
+def waiting_ranks(tmp_path: Path) -> Path:
+    """A script whose ranks write their pid to ``ready-RANK`` (whole, by a rename), then wait;
+    SIGTERM writes its name to ``got-RANK`` and ends the rank."""
     script = write(tmp_path, "wait.py", f"""
         import os, signal, sys, time
         def stop(number, frame):
             open({str(tmp_path)!r} + f"/got-{{os.environ['RANK']}}", "w").write(signal.Signals(number).name)
             sys.exit(0)
         signal.signal(signal.SIGTERM, stop)
-        open({str(ready)!r} + os.environ["RANK"], "w").close()
+        ready = {str(tmp_path)!r} + "/ready-" + os.environ["RANK"]
+        open(ready + ".part", "w").write(str(os.getpid()))
+        os.replace(ready + ".part", ready)
         time.sleep(300)
     """)
+    return script
+
+
+def ready_pids(tmp_path: Path, ranks: int = 2, timeout: float = 60) -> list[int]:
+    files = [tmp_path / f"ready-{rank}" for rank in range(ranks)]
+    deadline = time.monotonic() + timeout
+    while not all(path.exists() for path in files) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [int(path.read_text()) for path in files]
+
+
+def test_a_signal_to_the_launcher_stops_the_ranks_and_is_one_line(tmp_path: Path) -> None:
+    script = waiting_ranks(tmp_path)
     process = subprocess.Popen([*SCALERUN, "launch", "--no-monitor", "--nproc-per-node", "2", str(script)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not all(Path(f"{ready}{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    ready_pids(tmp_path)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM
     assert err.strip().splitlines()[-1] == "scalerun launch: error: stopped by SIGTERM; the ranks were stopped"
     assert "Traceback" not in err
     assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGTERM", "SIGTERM"]
+
+
+@pytest.mark.parametrize("monitor", [False, True])
+def test_ranks_of_a_launcher_killed_outright_are_stopped(tmp_path: Path, monitor: bool) -> None:
+    """SIGKILL cannot be passed on: the kernel sends each rank SIGTERM when the launcher dies
+    (parent_death), so no rank is left running, with or without the run's monitoring."""
+    script = waiting_ranks(tmp_path)
+    flags = ["--run-dir", str(tmp_path / "run")] if monitor else ["--no-monitor"]
+    process = subprocess.Popen([*SCALERUN, "launch", *flags, "--nproc-per-node", "2", str(script)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        pids = ready_pids(tmp_path)
+        process.kill()
+        process.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [alive(pid) for pid in pids] == [False, False]
+        assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGTERM", "SIGTERM"]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie left for its new parent to reap."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_child_left_holding_the_output_does_not_hold_the_launch(tmp_path: Path) -> None:

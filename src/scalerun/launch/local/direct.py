@@ -21,7 +21,9 @@ What a rank sees is what torch elastic gives it:
   only the ``--local-ranks-filter`` ranks' shown;
 - when a rank fails, the others get SIGTERM (each rank's session), SIGKILL 30 s later,
   and one line names the rank that failed (:func:`.failures.failure_message`); SIGINT,
-  SIGTERM, SIGHUP and SIGQUIT sent to the launcher go on to the ranks the same way.
+  SIGTERM, SIGHUP and SIGQUIT sent to the launcher go on to the ranks the same way;
+  a launcher killed outright (SIGKILL) still ends them: each gets SIGTERM from the
+  kernel (:mod:`.parent_death`, Linux).
 
 One thing differs: rank 0 hosts the rendezvous store, as under ``srun``, where the agent
 hosted it before (``TORCHELASTIC_USE_AGENT_STORE=False``). It listens on the loopback
@@ -50,6 +52,7 @@ from typing import IO, Any, TextIO
 from scalerun.errors import LaunchError
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
+from scalerun.launch.local.parent_death import ending_with_launcher
 from scalerun.plan import variables
 
 LOOPBACK = "127.0.0.1"
@@ -237,6 +240,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     port = int(held.getsockname()[1])
     template = os.environ.get(PREFIX_VARIABLE)
     ranks, output = Ranks(), Output()
+    ends_with_us = ending_with_launcher()
     with forwarding(ranks), contextlib.closing(held):
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
@@ -256,7 +260,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                     if binds:
                         env.update(start.rank_start_env(env))
                     proc = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=handed,
-                                            **streams)
+                                            preexec_fn=ends_with_us, **streams)
             except OSError as error:  # the ranks already started must not be left running
                 ranks.stop(signal.SIGTERM)
                 raise LaunchError(f"cannot start local rank {local_rank} ({command[0]}): {error}") from None

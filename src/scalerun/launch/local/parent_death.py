@@ -1,0 +1,51 @@
+"""Ranks that end with their launcher, however the launcher ends.
+
+Why: the direct launcher (:mod:`.direct`) passes SIGTERM, SIGINT, SIGHUP and SIGQUIT on to
+its ranks, but nothing can catch a SIGKILL: ``kill -9`` of ``scalerun launch``, the OOM
+killer, or a terminal closed under a job control that kills hard left every rank running,
+each in its own session, holding cores, memory and GPUs until found by hand (torchrun's
+agent leaves its ranks the same way). On Linux the kernel can send a rank a signal when
+the thread that started it dies (``prctl(PR_SET_PDEATHSIG)``); the setting survives the
+``exec`` of the rank's program. The rank gets SIGTERM, as from a launcher that stops it,
+so its own clean-up runs; its children (loader workers) see their parent go, as torch's
+workers already watch for.
+
+Set in the child between ``fork`` and ``exec`` (``Popen``'s ``preexec_fn``): a rank whose
+launcher died before the setting took hold ends at once instead. One gap is left, of a
+few instructions: a launcher that dies after the check and before the ``exec`` sends the
+signal to a child still running the launcher's Python handlers, which drop it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+"""``<linux/prctl.h>``."""
+
+
+def ending_with_launcher(number: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send ``number`` to the started process when the
+    calling thread ends; None where the kernel has no such setting (not Linux, no libc
+    ``prctl``): the ranks then outlive a launcher killed with SIGKILL, as before.
+
+    The calling thread must be the one that waits for the ranks (the launcher's), since the
+    signal comes when that thread ends, not the whole process."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+
+    def set_in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, int(number), 0, 0, 0)
+        if os.getppid() != launcher:  # it died before the setting: no signal will come
+            os._exit(128 + int(number))
+
+    return set_in_child
