@@ -66,6 +66,14 @@ def first_step_s(script: Path, warm: Path, run: Path, slurm: bool) -> float:
     return float(found.group(1))
 
 
+def report_path(out: Path | None, slurm: bool) -> Path:
+    """``--out``, else the measurement's own file: the local and the SLURM measurements are
+    kept side by side, neither overwrites the other."""
+    if out is not None:
+        return out
+    return RESULTS / ("jit_cache_slurm.json" if slurm else "jit_cache.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds of cold + warm (default 3)")
@@ -74,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="the JSON report (default results/jit_cache.json, with --slurm jit_cache_slurm.json)")
     args = parser.parse_args(argv)
-    if args.out is None:  # the two measurements are kept side by side, neither overwrites the other
-        args.out = RESULTS / ("jit_cache_slurm.json" if args.slurm else "jit_cache.json")
+    args.out = report_path(args.out, args.slurm)
     repeat = 1 if args.smoke else args.repeat
     cold, warm = [], []
     with tempfile.TemporaryDirectory(prefix="jit-cache-") as folder:
