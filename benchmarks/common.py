@@ -43,10 +43,25 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": gpu,
+        "cpu_model": cpu_model(),
+        # the kernels torch picked: the same code rounds differently under AVX2 and AVX-512
+        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)(),
         "cpus": os.cpu_count(),
         "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1m": os.getloadavg()[0],
     }
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The processor's name (Linux), else what the platform says; None where neither does."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def median(values: Sequence[float]) -> float:

@@ -47,6 +47,8 @@ def test_cpu_benchmark_smoke(tmp_path: Path, name: str, timeout: float, words: l
     assert all(word in done.stdout for word in words), done.stdout
     assert report["benchmark"] == name and report["results"]
     assert "environment" in report and "created" in report
+    # the kernels torch chose and the processor: results from different days differ by them
+    assert report["environment"]["cpu_capability"] and report["environment"]["cpu_model"]
 
 
 @pytest.mark.gpu
