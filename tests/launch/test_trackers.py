@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.test_observe import TRAIN
+from tests.runtime.test_hang import RESTARTED
 from tests.runtime.wandb_offline import read_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,3 +128,46 @@ def test_a_rank_that_cannot_import_its_tracker_says_so_and_trains_on(tmp_path: P
     assert len(lost) == 1 and "pip install wandb where the ranks run" in lost[0], done.stderr
     assert "trained 12" in done.stdout
     assert "--track wandb: rank 0 started no tracker run" in done.stderr
+
+
+
+@needs_trackers
+def test_a_restarted_job_keeps_sending_to_its_one_run_of_each_tracker(tmp_path: Path) -> None:
+    """A rank lost once under --max-restarts 1: the second attempt's rank 0 continues the
+    first attempt's MLflow and W&B runs (one run of the job, as in the tracker's UI), and the
+    report is attached to that run; the run is FINISHED, not left RUNNING by attempt 0. A new
+    launch into the same run directory is a new run."""
+    run = tmp_path / "run"
+    script = tmp_path / "restarted.py"
+    script.write_text(textwrap.dedent(RESTARTED))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def launch_into_run(*flags: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--no-monitor",
+             "--run-dir", str(run), "--track", "mlflow", "--track", "wandb", *flags],
+            capture_output=True, text=True, cwd=tmp_path, timeout=280,
+            env={**os.environ, "MLFLOW_TRACKING_URI": uri, "WANDB_MODE": "offline"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    done = launch_into_run("--max-restarts", "1", str(script), str(tmp_path / "ckpt"), "lose")
+    assert "[rank0]: attempt 1 finished at step 6" in done.stdout, done.stdout
+    assert done.stderr.count("continues the") == 2, done.stderr  # MLflow's and W&B's
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (found,) = client.search_runs(["0"])  # one run for both attempts, not one each
+    assert found.info.status == "FINISHED" and found.info.run_name == run.name
+    steps = [m.step for m in client.get_metric_history(found.info.run_id, "loss")]
+    assert steps[-3:] == [4, 5, 6], steps  # attempt 1, resumed at its third checkpoint
+    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html"} <= artifacts
+    folders = sorted((run / "wandb").glob("offline-run-*"))
+    ids = {read_run(folder)["id"] for folder in folders}
+    assert len(folders) == 3 and len(ids) == 1, (folders, ids)  # two attempts and the report's
+
+    again = launch_into_run(str(script), str(tmp_path / "ckpt-again"))
+    assert "continues the" not in again.stderr, again.stderr
+    assert len(client.search_runs(["0"])) == 2
+    assert len({read_run(folder)["id"] for folder in (run / "wandb").glob("offline-run-*")}) == 2

@@ -379,7 +379,7 @@ def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
 RESTARTED = """
     import os, signal, sys, torch, scalerun
     from scalerun import checkpoint
-    folder = sys.argv[1]
+    folder, lose = sys.argv[1], sys.argv[2:] == ["lose"]
     ctx = scalerun.init()
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 1)
@@ -389,15 +389,18 @@ RESTARTED = """
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     scalerun.print(f"attempt {attempt} starts at step {step}")
     while step < 6:
-        model.backward(model(torch.randn(8, 4)).pow(2).mean())
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        model.backward(loss)
         model.step()
+        scalerun.log(loss=loss)
         step += 1
         checkpoint.save(folder, model, step=step, keep_last=2)
-        if attempt == "0" and step == 3 and ctx.rank == 1:
+        if lose and attempt == "0" and step == 3 and ctx.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # lost once, after its third checkpoint
-    scalerun.print(f"finished at step {step}")
+    scalerun.print(f"attempt {attempt} finished at step {step}")
     scalerun.shutdown()
 """
+"""A rank lost once (argument ``lose``) under --max-restarts: also tests/launch/test_trackers.py."""
 
 
 def test_a_rank_lost_once_is_restarted_and_the_job_resumes_and_finishes(tmp_path):
@@ -405,12 +408,12 @@ def test_a_rank_lost_once_is_restarted_and_the_job_resumes_and_finishes(tmp_path
     script.write_text(textwrap.dedent(RESTARTED))
     done = subprocess.run([*SCALERUN, "launch", "--nproc-per-node", "2", "--max-restarts", "1",
                            "--no-monitor", "--run-dir", str(tmp_path / "run"), str(script),
-                           str(tmp_path / "ckpt")],
+                           str(tmp_path / "ckpt"), "lose"],
                           capture_output=True, text=True, timeout=240, env={**os.environ})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank0]: attempt 0 starts at step 0" in done.stdout
     assert "[rank0]: attempt 1 starts at step 3" in done.stdout  # the last complete checkpoint
-    assert "[rank0]: finished at step 6" in done.stdout
+    assert "[rank0]: attempt 1 finished at step 6" in done.stdout
 
 
 @pytest.mark.slurm

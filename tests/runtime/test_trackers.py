@@ -1,15 +1,19 @@
 """The trackers' pure parts: which ranks send to which tracker (earlier job scripts
 included), the numbers a step-log record becomes, parameters from nested configuration,
-and one module per name that ``--track`` offers."""
+one module per name that ``--track`` offers, and which earlier runs a later attempt of the
+same job continues."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from scalerun.plan import variables
 from scalerun.plan.request import TRACKERS
 from scalerun.runtime.trackers.registry import MODULES, flat_config, kind, metrics_of
-from scalerun.runtime.trackers.sink import chosen_trackers
+from scalerun.runtime.trackers.sink import LAUNCH_KEY, chosen_trackers, earlier_runs, this_launch
 
 TRACK, TB = variables.TRACK, variables.TENSORBOARD
 
@@ -54,3 +58,30 @@ def test_nested_configuration_becomes_dotted_parameters() -> None:
 def test_every_tracker_the_flag_offers_has_a_module_of_that_name() -> None:
     assert set(MODULES) == set(TRACKERS)
     assert [kind(name).name for name in TRACKERS] == list(TRACKERS)
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({}, None),  # mpirun: never continued
+    ({"SLURM_JOB_ID": "42"}, "slurm-job=42"),  # srun mode: a requeued job keeps its id
+    ({"SLURM_JOB_ID": "42", "TORCHELASTIC_RUN_ID": "42"}, "slurm-job=42 elastic-run=42"),
+    ({"TORCHELASTIC_RUN_ID": "5f0c"}, "elastic-run=5f0c"),  # a local launch, kept by its restarts
+    ({"SLURM_JOB_ID": " ", "TORCHELASTIC_RUN_ID": ""}, None),
+])
+def test_what_every_attempt_of_one_launch_shares(environ, expected) -> None:
+    assert this_launch(environ) == expected
+
+
+def test_only_the_same_launchs_runs_are_continued(tmp_path: Path) -> None:
+    mine, other = "elastic-run=a", "elastic-run=b"
+    (tmp_path / variables.TRACKERS_FILE).write_text(json.dumps({
+        "mlflow": {"run_id": "r1", LAUNCH_KEY: mine},
+        "wandb": {"id": "w1", LAUNCH_KEY: other},  # a launch before, into the same run directory
+        "tensorboard": {"dir": "x"},  # recorded by a scalerun without the key
+    }))
+    assert earlier_runs(tmp_path, mine) == {"mlflow": {"run_id": "r1", LAUNCH_KEY: mine}}
+    assert earlier_runs(tmp_path, None) == {}
+    assert earlier_runs(tmp_path / "nowhere", mine) == {}
+    (tmp_path / variables.TRACKERS_FILE).write_text('["not", "a", "mapping"]')
+    assert earlier_runs(tmp_path, mine) == {}
+    (tmp_path / variables.TRACKERS_FILE).write_text('{"mlflow": {"run_id": "r1", "laun')  # cut short
+    assert earlier_runs(tmp_path, mine) == {}

@@ -4,7 +4,8 @@ Why the client API, not ``mlflow.start_run``: the training script may use MLflow
 fluent API itself, and an active run of ours would change what its ``start_run`` does.
 The experiment is ``MLFLOW_EXPERIMENT_NAME`` (created when missing) or
 ``MLFLOW_EXPERIMENT_ID``, else MLflow's default; the run is named after the run
-directory. Scalars go in batches (MLflow takes up to 1000 metrics and 100 parameters per
+directory; a restarted or requeued job's rank 0 continues its earlier attempt's run.
+Scalars go in batches (MLflow takes up to 1000 metrics and 100 parameters per
 call). The ``mlflow`` package is an optional extra, imported only when asked for.
 """
 
@@ -29,17 +30,38 @@ REPORT_FOLDER = "report"
 class MlflowRun:
     """Rank 0's run, sent through one ``MlflowClient``."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, earlier: Mapping[str, Any] | None = None) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
 
         self.uri = mlflow.get_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
-        run = self.client.create_run(experiment_id(self.client), run_name=run_dir.name,
-                                     tags={"scalerun.run_dir": str(run_dir)})
+        self._sent: set[str] = set()
+        run = self.reopened(earlier)
+        self.continued = run is not None
+        if run is None:
+            run = self.client.create_run(experiment_id(self.client), run_name=run_dir.name,
+                                         tags={"scalerun.run_dir": str(run_dir)})
         self.run_id = run.info.run_id
         self.experiment_id = run.info.experiment_id
-        self._sent: set[str] = set()
+
+    def reopened(self, earlier: Mapping[str, Any] | None) -> Any:
+        """The earlier attempt's run, marked running again, where this tracking server still
+        has it (not deleted); else None. Its parameters count as sent: MLflow refuses a
+        parameter logged twice with another value."""
+        if not earlier or earlier.get("tracking_uri") != self.uri or not earlier.get("run_id"):
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(earlier["run_id"])
+        except MlflowException:
+            return None
+        if run.info.lifecycle_stage != "active":
+            return None
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        self._sent.update(run.data.params)
+        return run
 
     def configure(self, config: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -86,8 +108,8 @@ class Mlflow:
     package = "mlflow"
     output = "MLflow run"
 
-    def start(self, run_dir: Path, rank: int) -> MlflowRun:
-        return MlflowRun(run_dir)
+    def start(self, run_dir: Path, rank: int, earlier: Mapping[str, Any] | None = None) -> MlflowRun:
+        return MlflowRun(run_dir, earlier)
 
     def attach(self, identity: Mapping[str, Any], run_dir: Path, files: Sequence[Path]) -> str:
         """The report's files among the run's artifacts (a finished run still takes them)."""

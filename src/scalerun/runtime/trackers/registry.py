@@ -30,6 +30,9 @@ MODULES = {
 class TrackerRun(Protocol):
     """One run of a tracker, opened by a rank."""
 
+    continued: bool
+    """True when it is an earlier attempt's run of the same job, opened again."""
+
     def configure(self, config: Mapping[str, Any]) -> None:
         """Add these values to the run's parameters (called again as facts arrive)."""
         ...
@@ -57,8 +60,10 @@ class TrackerKind(Protocol):
     output: str
     """What a rank writes there, for messages: "rank 0 writes no MLflow run"."""
 
-    def start(self, run_dir: Path, rank: int) -> TrackerRun:
-        """Open this rank's run; raises ImportError when the package is missing."""
+    def start(self, run_dir: Path, rank: int, earlier: Mapping[str, Any] | None = None) -> TrackerRun:
+        """Open this rank's run; raises ImportError when the package is missing. ``earlier``:
+        the identity of this job's run from an earlier attempt (a restart, a requeue), to be
+        continued where the tracker still has it."""
         ...
 
     def attach(self, identity: Mapping[str, Any], run_dir: Path, files: Sequence[Path]) -> str:

@@ -49,18 +49,24 @@ def chosen_trackers(environ: Mapping[str, str], rank: int) -> list[str]:
 
 def sink_for_rank(run_dir: Path, rank: int) -> TrackerSink | None:
     """The step log's sink for this rank, with every chosen tracker that could start;
-    None when the rank sends to none."""
+    None when the rank sends to none. Rank 0 of a job's later attempt (a restart under
+    ``--max-restarts``, a SLURM requeue) continues the runs its earlier attempt recorded."""
+    launch = this_launch(os.environ)
+    earlier = earlier_runs(run_dir, launch) if rank == 0 else {}
     runs = {}
     for name in chosen_trackers(os.environ, rank):
-        run = start(name, run_dir, rank)
+        run = start(name, run_dir, rank, earlier.get(name))
         if run is not None:
             runs[name] = run
+            if getattr(run, "continued", False):
+                say(f"rank {rank} continues the {kind(name).output} of this job's earlier attempt")
     if not runs:
         return None
     sink = TrackerSink(runs, run_dir, rank)
     if rank == 0:
         sink.configure(read_track_config(run_dir))
-        write_text_atomic(run_dir / variables.TRACKERS_FILE, json.dumps(sink.identities(), indent=2) + "\n",
+        identities = {name: {**identity, LAUNCH_KEY: launch} for name, identity in sink.identities().items()}
+        write_text_atomic(run_dir / variables.TRACKERS_FILE, json.dumps(identities, indent=2) + "\n",
                           what="--run-dir")
     # atexit runs the last registered first: the step log registers its close after this
     # sink exists, so its last records reach the trackers before they end
@@ -68,14 +74,46 @@ def sink_for_rank(run_dir: Path, rank: int) -> TrackerSink | None:
     return sink
 
 
-def start(name: str, run_dir: Path, rank: int) -> TrackerRun | None:
-    """This rank's run of tracker ``name``, or None and one line saying why not."""
+LAUNCH_KEY = "launch"
+"""In each run's identity in ``RUN_DIR/trackers.json``: :func:`this_launch` of the attempt
+that recorded it."""
+
+
+def this_launch(environ: Mapping[str, str]) -> str | None:
+    """What every attempt of one job shares and a new launch does not: the SLURM job (a
+    requeued job keeps its id) and torch elastic's run id (kept across ``--max-restarts``;
+    a new ``scalerun launch`` draws a new one; under SLURM it is the job id). None where
+    neither is set (mpirun): a run is then never continued."""
+    parts = [f"{label}={environ[name]}" for label, name in (("slurm-job", "SLURM_JOB_ID"),
+                                                          ("elastic-run", "TORCHELASTIC_RUN_ID"))
+             if environ.get(name, "").strip()]
+    return " ".join(parts) or None
+
+
+def earlier_runs(run_dir: Path, launch: str | None) -> dict[str, dict[str, Any]]:
+    """The runs an earlier attempt of this same launch recorded (none for a new launch into
+    a run directory used before, or a file that cannot be read)."""
+    if launch is None:
+        return {}
+    try:
+        recorded = json.loads((run_dir / variables.TRACKERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    return {name: identity for name, identity in recorded.items()
+            if isinstance(identity, dict) and identity.get(LAUNCH_KEY) == launch}
+
+
+def start(name: str, run_dir: Path, rank: int, earlier: Mapping[str, Any] | None = None) -> TrackerRun | None:
+    """This rank's run of tracker ``name`` (continuing ``earlier``, an earlier attempt's
+    identity, where the tracker can), or None and one line saying why not."""
     if name not in MODULES:
         say(f"rank {rank} writes nothing for {name!r} (--track): this scalerun has no such tracker")
         return None
     tracker = kind(name)
     try:
-        return tracker.start(run_dir, rank)
+        return tracker.start(run_dir, rank, earlier)
     except ImportError:  # an image without it: the run goes on, and says what it lost
         say(f"rank {rank} writes no {tracker.output} (--track {name}): the {tracker.package} "
             f"package cannot be imported here; pip install {tracker.package} where the ranks run "

@@ -21,9 +21,10 @@ from scalerun.runtime.trackers.registry import flat_config, metrics_of
 class TensorboardRun:
     """One rank's event folder."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, continued: bool = False) -> None:
         self.writer = summary_writer(folder)
         self.folder = folder
+        self.continued = continued
         self._texts = 0
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -47,8 +48,11 @@ class Tensorboard:
     package = "tensorboard"
     output = "TensorBoard events"
 
-    def start(self, run_dir: Path, rank: int) -> TensorboardRun:
-        return TensorboardRun(run_dir / TENSORBOARD / f"rank-{rank}")
+    def start(self, run_dir: Path, rank: int, earlier: Mapping[str, Any] | None = None) -> TensorboardRun:
+        """An earlier attempt's events stay in the same folder: TensorBoard reads every
+        events file of a folder as one run."""
+        folder = run_dir / TENSORBOARD / f"rank-{rank}"
+        return TensorboardRun(folder, continued=bool(earlier) and str(folder) == (earlier or {}).get("dir"))
 
     def attach(self, identity: Mapping[str, Any], run_dir: Path, files: Sequence[Path]) -> str:
         """The report's Markdown as the run's ``report`` text (PNGs stay in the run directory)."""

@@ -5,7 +5,8 @@ Why these settings: W&B's console capture is off, since the launcher already kee
 prefixes every rank's output; the run's files go in the run directory, beside the rest
 of the run; the project is ``WANDB_PROJECT``, else ``scalerun``. The report is added
 after the job by resuming the run by its id (offline, that is a second folder with the
-same run id, which ``wandb sync`` uploads into the same run). The ``wandb`` package is an
+same run id, which ``wandb sync`` uploads into the same run); a restarted or requeued
+job's rank 0 continues its earlier attempt's run the same way. The ``wandb`` package is an
 optional extra, imported only when asked for.
 """
 
@@ -27,13 +28,20 @@ ARTIFACT_TYPE = "report"
 class WandbRun:
     """Rank 0's W&B run."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, earlier: Mapping[str, Any] | None = None) -> None:
         import wandb
 
         project = None if os.environ.get("WANDB_PROJECT") else DEFAULT_PROJECT
         self.run_dir = run_dir
-        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, project=project,
-                              settings=quiet_settings(wandb))
+        self.continued = bool(earlier and earlier.get("id"))
+        if self.continued:  # the same run, by its id (offline: a new folder, one run once synced)
+            assert earlier is not None
+            self.run = wandb.init(id=earlier["id"], project=earlier.get("project"),
+                                  entity=earlier.get("entity"), resume="allow", dir=str(run_dir),
+                                  name=run_dir.name, settings=quiet_settings(wandb))
+        else:
+            self.run = wandb.init(dir=str(run_dir), name=run_dir.name, project=project,
+                                  settings=quiet_settings(wandb))
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.run.config.update(dict(config), allow_val_change=True)
@@ -59,8 +67,8 @@ class Wandb:
     package = "wandb"
     output = "W&B run"
 
-    def start(self, run_dir: Path, rank: int) -> WandbRun:
-        return WandbRun(run_dir)
+    def start(self, run_dir: Path, rank: int, earlier: Mapping[str, Any] | None = None) -> WandbRun:
+        return WandbRun(run_dir, earlier)
 
     def attach(self, identity: Mapping[str, Any], run_dir: Path, files: Sequence[Path]) -> str:
         """The report's files as one artifact of the run, resumed by its id."""
