@@ -40,7 +40,8 @@ def vit_data(tmp_path_factory) -> Path:
     return path
 
 
-def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str) -> str:
+def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str,
+           env: dict[str, str] | None = None) -> str:
     """``scalerun launch`` of the example, without waiting; returns the job id."""
     done = subprocess.run(
         [sys.executable, "-m", "scalerun", "launch", "--nodes", "2", "--gpus-per-node", "1",
@@ -48,7 +49,7 @@ def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str) -> str:
          "--checkpoint", str(run_dir / "ckpt"), *flags,
          "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS), "--batch-size", "8",
          "--num-workers", "1", "--data", str(data), "--no-generate", "--out", str(run_dir / "model.pt")],
-        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env={**cluster.env, **(env or {})}, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return re.search(r"submitted job (\d+)", done.stdout).group(1)
@@ -105,7 +106,13 @@ def uninterrupted(slurm_cluster, vit_data, tmp_path_factory) -> Path:
 def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
     slurm_cluster, vit_data, uninterrupted, tmp_path, mode
 ):
-    job_id = submit(slurm_cluster, tmp_path, vit_data, mode, "--requeue")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the job's two incarnations: one MLflow run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)  # artifacts here, not in ./mlruns of the job (the repo)
+    experiment = client.create_experiment("requeue", artifact_location=(tmp_path / "artifacts").as_uri())
+    job_id = submit(slurm_cluster, tmp_path, vit_data, mode, "--requeue", "--track", "mlflow",
+                    env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "requeue"})
     wait_until(lambda: trained_an_epoch(slurm_cluster, tmp_path, job_id), f"an epoch of job {job_id}")
     warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
                             capture_output=True, text=True, timeout=30)
@@ -129,7 +136,15 @@ def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
     reference_log = "".join(p.read_text() for p in uninterrupted.glob("slurm-*.out"))
     assert last_epoch.search(log).group(0) == last_epoch.search(reference_log).group(0)
 
-    # 3. the final weights are the uninterrupted run's, bit for bit
+    # 3. the requeued incarnation's rank 0 continued the first one's MLflow run: one run,
+    # FINISHED, every step (the steps trained again after the save at their numbers), the report
+    assert "scalerun: rank 0 continues the MLflow run of this job's earlier attempt" in log, log
+    (found,) = client.search_runs([experiment])
+    assert found.info.status == "FINISHED"
+    assert {m.step for m in client.get_metric_history(found.info.run_id, "time/dt")} == set(range(1, STEPS + 1))
+    assert {a.path for a in client.list_artifacts(found.info.run_id, "report")} >= {"report/report.md"}
+
+    # 4. the final weights are the uninterrupted run's, bit for bit
     resumed = torch.load(tmp_path / "model.pt", weights_only=True)
     straight = torch.load(uninterrupted / "model.pt", weights_only=True)
     assert resumed.keys() == straight.keys()
