@@ -41,6 +41,9 @@ def ending_with_launcher(number: int = signal.SIGTERM) -> Callable[[], None] | N
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+    # the kernel reads unsigned longs: declared, so no register keeps stray upper bits
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
     launcher = os.getpid()
 
     def set_in_child() -> None:
