@@ -164,14 +164,17 @@ def test_a_signal_to_the_launcher_stops_the_ranks_and_is_one_line(tmp_path: Path
     assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGTERM", "SIGTERM"]
 
 
-@pytest.mark.parametrize("monitor", [False, True])
-def test_ranks_of_a_launcher_killed_outright_are_stopped(tmp_path: Path, monitor: bool) -> None:
+@pytest.mark.parametrize(("monitor", "environ"), [(False, {}), (True, {}), (False, TORCH_AGENT)],
+                         ids=["direct", "direct-monitored", "torch-agent"])
+def test_ranks_of_a_launcher_killed_outright_are_stopped(tmp_path: Path, monitor: bool, environ: dict) -> None:
     """SIGKILL cannot be passed on: the kernel sends each rank SIGTERM when the launcher dies
-    (parent_death), so no rank is left running, with or without the run's monitoring."""
+    (parent_death), so no rank is left running, with or without the run's monitoring, and
+    also where torch elastic's agent started them (start.ranks_ending_with_agent)."""
     script = waiting_ranks(tmp_path)
     flags = ["--run-dir", str(tmp_path / "run")] if monitor else ["--no-monitor"]
     process = subprocess.Popen([*SCALERUN, "launch", *flags, "--nproc-per-node", "2", str(script)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, **environ})
     pids: list[int] = []
     try:
         pids = ready_pids(tmp_path)

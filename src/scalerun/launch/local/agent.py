@@ -101,7 +101,7 @@ def _run_agent(job: LocalJob) -> tuple[int, str | None]:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     tail.install()  # [rankN]: lines stay whole when ranks print at once
     # a program that does not call init(): the agent applies each rank's plan as it starts it
-    with start.bound_ranks(job.direct_argv is not None) as binds:
+    with start.bound_ranks(job.direct_argv is not None) as binds, start.ranks_ending_with_agent():
         argv = list(job.direct_argv if binds and job.direct_argv is not None else job.argv)
         if job.verbose:
             show_torchrun(argv)

@@ -16,6 +16,8 @@ back right after, so the agent's own threads (output tailers) stay where they we
 :func:`bound_ranks` wraps torch elastic's ``get_subprocess_handler`` for one launch and
 says whether it could; with a torch whose function is not where this module expects, the
 agent starts the ranks through ``scalerun exec --bind`` as before.
+
+:func:`ranks_ending_with_agent` has the agent's ranks end with the agent, however it ends.
 """
 
 from __future__ import annotations
@@ -94,3 +96,31 @@ def bound_ranks(wanted: bool = True) -> Iterator[bool]:
         yield True
     finally:
         api.get_subprocess_handler = original
+
+
+@contextlib.contextmanager
+def ranks_ending_with_agent() -> Iterator[bool]:
+    """Within the block, each rank torch elastic's agent starts gets the kernel's SIGTERM when
+    the agent dies, as the direct launcher's ranks do (:mod:`.parent_death`): a ``scalerun
+    launch`` killed outright (SIGKILL, the OOM killer) leaves no rank behind, which plain
+    ``torchrun`` does. Yields False (and changes nothing) where the kernel has no such
+    setting or this torch does not start its ranks through the module's ``Popen``."""
+    import functools
+    import subprocess
+
+    from scalerun.launch.local.parent_death import ending_with_launcher
+
+    set_in_child = ending_with_launcher()
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+    except ImportError:
+        subprocess_handler = None
+    if set_in_child is None or getattr(subprocess_handler, "Popen", None) is not subprocess.Popen:
+        yield False
+        return
+    subprocess_handler.Popen = functools.partial(subprocess.Popen, preexec_fn=set_in_child)
+    try:
+        yield True
+    finally:
+        subprocess_handler.Popen = subprocess.Popen
+
