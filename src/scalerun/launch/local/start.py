@@ -123,4 +123,3 @@ def ranks_ending_with_agent() -> Iterator[bool]:
         yield True
     finally:
         subprocess_handler.Popen = subprocess.Popen
-

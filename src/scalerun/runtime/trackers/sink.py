@@ -58,7 +58,7 @@ def sink_for_rank(run_dir: Path, rank: int) -> TrackerSink | None:
         run = start(name, run_dir, rank, earlier.get(name))
         if run is not None:
             runs[name] = run
-            if getattr(run, "continued", False):
+            if run.continued:
                 say(f"rank {rank} continues the {kind(name).output} of this job's earlier attempt")
     if not runs:
         return None

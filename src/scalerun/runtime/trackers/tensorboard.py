@@ -52,7 +52,7 @@ class Tensorboard:
         """An earlier attempt's events stay in the same folder: TensorBoard reads every
         events file of a folder as one run."""
         folder = run_dir / TENSORBOARD / f"rank-{rank}"
-        return TensorboardRun(folder, continued=bool(earlier) and str(folder) == (earlier or {}).get("dir"))
+        return TensorboardRun(folder, continued=earlier is not None and earlier.get("dir") == str(folder))
 
     def attach(self, identity: Mapping[str, Any], run_dir: Path, files: Sequence[Path]) -> str:
         """The report's Markdown as the run's ``report`` text (PNGs stay in the run directory)."""

@@ -34,11 +34,8 @@ class WandbRun:
         project = None if os.environ.get("WANDB_PROJECT") else DEFAULT_PROJECT
         self.run_dir = run_dir
         self.continued = bool(earlier and earlier.get("id"))
-        if self.continued:  # the same run, by its id (offline: a new folder, one run once synced)
-            assert earlier is not None
-            self.run = wandb.init(id=earlier["id"], project=earlier.get("project"),
-                                  entity=earlier.get("entity"), resume="allow", dir=str(run_dir),
-                                  name=run_dir.name, settings=quiet_settings(wandb))
+        if earlier and self.continued:  # the same run, by its id (offline: a new folder, one run once synced)
+            self.run = resumed(wandb, earlier, run_dir, name=run_dir.name)
         else:
             self.run = wandb.init(dir=str(run_dir), name=run_dir.name, project=project,
                                   settings=quiet_settings(wandb))
@@ -62,6 +59,14 @@ def quiet_settings(wandb: Any) -> Any:
     return wandb.Settings(console="off", silent=True)
 
 
+def resumed(wandb: Any, identity: Mapping[str, Any], run_dir: Path, **more: Any) -> Any:
+    """The run ``identity`` names (:meth:`WandbRun.identity`), opened again by its id, online
+    or offline as it was: by a later attempt of the job, or to attach the report."""
+    return wandb.init(id=identity["id"], project=identity["project"], entity=identity.get("entity"),
+                      dir=str(run_dir), resume="allow", mode="offline" if identity.get("offline") else None,
+                      settings=quiet_settings(wandb), **more)
+
+
 class Wandb:
     name = "wandb"
     package = "wandb"
@@ -74,10 +79,7 @@ class Wandb:
         """The report's files as one artifact of the run, resumed by its id."""
         import wandb
 
-        run = wandb.init(id=identity["id"], project=identity["project"], entity=identity.get("entity"),
-                         dir=identity["dir"], resume="allow",
-                         mode="offline" if identity.get("offline") else None,
-                         settings=quiet_settings(wandb))
+        run = resumed(wandb, identity, Path(identity["dir"]))
         report = wandb.Artifact(f"report-{identity['id']}", type=ARTIFACT_TYPE)
         for path in files:
             report.add_file(str(path), name=path.relative_to(run_dir).as_posix())
