@@ -259,23 +259,26 @@ AGENT_STARTED = """
 """
 
 
-def test_the_agent_starts_a_plain_program_bound_without_scalerun_exec(tmp_path: Path) -> None:
-    """Issue 20: no second interpreter per rank. The rank's parent is the agent itself, yet
-    the rank has its own cores and everything ``scalerun exec --bind`` would give it: run
-    inside the rank, exec has nothing left to add."""
+@pytest.mark.parametrize(("start", "parent"), [("exec", "launch"), ("warm", "scalerun.launch.local.starter")])
+def test_the_agent_starts_a_plain_program_bound_without_scalerun_exec(tmp_path: Path, start: str,
+                                                                      parent: str) -> None:
+    """Issue 20: no second interpreter per rank. The rank's parent is the launcher itself
+    (issue 28: or the node's warm starter, which forked it), yet the rank has its own cores
+    and everything ``scalerun exec --bind`` would give it: run inside the rank, exec has
+    nothing left to add."""
     import json
 
     script = write(tmp_path, "seen.py", AGENT_STARTED)
     job = local_job(script=str(script), nproc_per_node=2)
     assert job.direct_argv is not None and "exec" not in job.direct_argv
     assert job.direct_argv[-2:] == ("--tee=3", str(script))
-    result = run_cli("launch", "--nproc-per-node", "2", "--no-monitor", str(script))
+    result = run_cli("launch", "--nproc-per-node", "2", "--no-monitor", f"--start={start}", str(script))
     assert result.returncode == 0, result.stderr
     seen = [json.loads(line.split("RANK_SEES ", 1)[1]) for line in result.stdout.splitlines()
             if "RANK_SEES " in line]
     assert sorted(rank["rank"] for rank in seen) == [0, 1]
     for rank in seen:
-        assert "launch" in rank["parent"] and "exec" not in rank["parent"], rank["parent"]
+        assert parent in rank["parent"] and "exec" not in rank["parent"], rank["parent"]
         assert rank["exec_env"] == rank["env"], sorted(
             set(rank["exec_env"].items()) ^ set(rank["env"].items()))
     if len(os.sched_getaffinity(0)) >= 2:  # each rank on its own core, as scalerun.init does

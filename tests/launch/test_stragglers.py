@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from scalerun.events import read_events
+from scalerun.monitor.straggler import MIN_GAP_S
 from scalerun.rundir import read_jsonl, step_logs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +86,10 @@ def test_a_slowed_rank_is_named_live_with_its_cause_then_recovers(tmp_path: Path
     # wait for a batch is logged with the step that ends as it is fetched)
     assert named.details["ratio"] >= 1.3 and named.details["own_s"] >= 0.03
     assert named.details["causes"][0] == "data" and "likely cause: data wait" in named.message
-    assert back.step is not None and 150 <= back.step < 260 and back.details["ratio"] < 1.3
+    assert back.step is not None and 150 <= back.step < 260
+    # the step it recovered at is not slow by the rule: under the ratio, or under 2 ms behind
+    # (a busy machine gives a sub-millisecond step 1.4x its neighbour's)
+    assert back.details["ratio"] < 1.3 or back.details["own_s"] - back.details["others_median_s"] < MIN_GAP_S
     last_step_t = max(r["t"] for r in read_jsonl(step_logs(run)[0]) if r["kind"] == "step")
     assert named.t < last_step_t  # named while the job still ran, not by the closing read
     lines = launcher_lines(done.stderr)

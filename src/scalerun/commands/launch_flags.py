@@ -81,6 +81,11 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
                        help="SCRIPT is a module name, run like python -m")
     local.add_argument("--no-python", action="store_true",
                        help="SCRIPT is an executable, not a Python file")
+    local.add_argument("--start", choices=("warm", "exec"), default=None,
+                       help="warm (default): fork each rank from one process per node that imported "
+                       f"torch once; exec: start each rank on its own (${variables.START} sets the default)")
+    local.add_argument("--preload", default="", metavar="MOD[,MOD]",
+                       help="modules the warm start imports once per node besides torch (e.g. transformers)")
 
 
 def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
@@ -451,7 +456,9 @@ def local_options_from_args(args: argparse.Namespace) -> LocalOptions:
         master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", None),
         standalone=bool(getattr(args, "standalone", False)),
         ranks_filter=_ranks(getattr(args, "local_ranks_filter", "")),
-        prefix_output=not getattr(args, "no_prefix", False))
+        prefix_output=not getattr(args, "no_prefix", False),
+        start=getattr(args, "start", None) or os.environ.get(variables.START, "").strip() or "warm",
+        preload=tuple(name.strip() for name in getattr(args, "preload", "").split(",") if name.strip()))
 
 
 def _ranks(value: str) -> tuple[int, ...]:

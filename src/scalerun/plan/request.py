@@ -20,6 +20,7 @@ before the request is made.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from scalerun import profile
 from scalerun.errors import LaunchError
 from scalerun.plan.knobs import Knobs
 from scalerun.sites.profile import ENV_NAME_RE
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+"""A dotted module name, as ``--preload`` takes them."""
 
 ENTRIES = ("file", "module", "executable")
 CONTAINER_RUNTIMES = ("singularity", "apptainer")
@@ -148,8 +152,18 @@ class LocalOptions:
     """Prefix each output line with ``[rankN]:``."""
     check_gpus: bool = True
     """Refuse more ranks than GPUs under NCCL before starting (the doctor checks instead)."""
+    start: str = "warm"
+    """``warm``: fork each rank from one starter per node that imported torch once
+    (:mod:`scalerun.launch.local.starter`); ``exec``: start each rank on its own."""
+    preload: tuple[str, ...] = ()
+    """Modules the warm starter imports besides torch's and scalerun's (``--preload``)."""
 
     def __post_init__(self) -> None:
+        if self.start not in ("warm", "exec"):
+            raise LaunchError(f"--start {self.start!r} is not warm or exec")
+        bad = [name for name in self.preload if not _MODULE_NAME.fullmatch(name)]
+        if bad:
+            raise LaunchError(f"--preload {bad[0]!r} is not a module name (e.g. transformers,numpy.linalg)")
         if self.nnodes < 1:
             raise LaunchError(f"--nnodes {self.nnodes} must be at least 1")
         if not 0 <= self.node_rank < self.nnodes:

@@ -85,12 +85,15 @@ LOCAL_AGENT = "SCALERUN_LOCAL_AGENT"
 """``torch``: a one-node local launch without restarts runs its ranks under torch elastic's
 agent, as launches with restarts or several nodes do; by default scalerun starts and
 watches them itself, without importing torch (``scalerun/launch/local/direct.py``)."""
+START = "SCALERUN_START"
+"""``exec``: local ranks start on their own, as before the warm start; the default of
+``scalerun launch --start`` (``warm``: forked from one starter per node)."""
 
 ALL = (
     SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
     PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL, STEP_HOOKS,
-    WARM_CACHE, WARM_CACHE_GB, LOCAL_AGENT,
+    WARM_CACHE, WARM_CACHE_GB, LOCAL_AGENT, START,
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 

@@ -50,10 +50,12 @@ from string import Template
 from typing import IO, Any, TextIO
 
 from scalerun.errors import LaunchError
+from scalerun.launch.local import start, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
 from scalerun.launch.local.parent_death import ending_with_launcher
 from scalerun.plan import variables
+from scalerun.plan.request import LocalOptions
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 30.0
@@ -229,8 +231,6 @@ def forwarded(names: str) -> list[signal.Signals]:
 
 def run(job: LocalJob) -> tuple[int, str | None]:
     """Start the ranks, copy their output, wait: (exit code, the failure line or None)."""
-    from scalerun.launch.local import start
-
     nproc = job.nproc_per_node
     binds = job.direct_argv is not None
     command = rank_command(job.plan, agent_binds=binds)
@@ -240,30 +240,22 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     port = int(held.getsockname()[1])
     template = os.environ.get(PREFIX_VARIABLE)
     ranks, output = Ranks(), Output()
-    ends_with_us = ending_with_launcher()
+    starter = warm_starter(options, command)
     with forwarding(ranks), contextlib.closing(held):
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
                 break
             env = {**os.environ, **rank_variables(local_rank, nproc, port, run_id, os.environ)}
             env.pop(variables.STORE_FD, None)  # one a launch above this one passed down
-            handed: tuple[int, ...] = ()
+            handed: dict[str, int] = {}
             if local_rank == 0:
-                env[variables.STORE_FD], handed = str(held.fileno()), (held.fileno(),)
+                handed[variables.STORE_FD] = held.fileno()
             streams: dict[str, Any] = {}
             if local_rank not in shown:
                 streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
             elif options.prefix_output:
                 streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-            try:
-                with start.thread_kept() if binds else contextlib.nullcontext():
-                    if binds:
-                        env.update(start.rank_start_env(env))
-                    proc = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=handed,
-                                            preexec_fn=ends_with_us, **streams)
-            except OSError as error:  # the ranks already started must not be left running
-                ranks.stop(signal.SIGTERM)
-                raise LaunchError(f"cannot start local rank {local_rank} ({command[0]}): {error}") from None
+            proc, starter = start_rank(starter, command, env, handed, streams, binds, local_rank, ranks)
             ranks.procs[local_rank] = proc
             if handed:
                 held.close()  # rank 0 holds the port now
@@ -271,25 +263,78 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                 prefix = line_prefix(template, local_rank)
                 output.follow(proc.stdout, sys.stdout, prefix)
                 output.follow(proc.stderr, sys.stderr, prefix)
-        failures = wait(ranks)
+        failures = wait(ranks, starter)
         if ranks.stop_signal is not None:
             ranks.stop(None)  # the handler passed the signal on (once: a second SIGINT interrupts a rank's clean-up)
         elif failures:
             ranks.stop(signal.SIGTERM)
             failures.update(ended_badly(ranks, skip=set(failures)))
+    if starter is not None:
+        starter.close()
     output.drain()
     if ranks.stop_signal is not None:
         name = signal.Signals(ranks.stop_signal).name
         return 128 + ranks.stop_signal, f"scalerun launch: error: stopped by {name}; the ranks were stopped"
+    if starter is not None and starter.lost:
+        return exit_code_of(failures) if failures else 1, starter.lost
     if failures:
         return exit_code_of(failures), failure_message(failures)
     return 0, None
 
 
-def wait(ranks: Ranks) -> dict[int, Failure]:
+def warm_starter(options: LocalOptions, command: list[str]) -> warm.Starter | None:
+    """The node's starter, already importing, where the ranks can start warm; else None,
+    with one line saying why (:mod:`.warm`)."""
+    reason = warm.why_not_warm(options.start, command)
+    if reason is not None:
+        warm.say(reason)
+    if options.start != "warm" or reason is not None:
+        return None
+    program = warm.python_program(command)
+    assert isinstance(program, warm.PythonProgram)
+    try:
+        return warm.Starter(program.python, options.preload, os.environ)
+    except warm.Fallback as fallback:
+        warm.say(str(fallback))
+        return None
+
+
+def start_rank(starter: warm.Starter | None, command: list[str], env: dict[str, str],
+               handed: dict[str, int], streams: dict[str, Any], binds: bool, local_rank: int,
+               ranks: Ranks) -> tuple[Any, warm.Starter | None]:
+    """One rank, forked by the starter or started with exec: (its process, the starter
+    still in use). A starter that cannot start it (a preload failed) is given up, with
+    its line, for this rank and the rest."""
+    if starter is not None:
+        program = warm.python_program(command)
+        assert isinstance(program, warm.PythonProgram)
+        try:
+            return starter.popen(program, env, env_fds=handed, binds=binds, **streams), starter
+        except warm.Fallback as fallback:
+            warm.say(str(fallback))
+            starter.close(kill=True)
+            if ranks.procs:  # a starter lost after it forked ranks: those end with it
+                ranks.stop(signal.SIGTERM)
+                raise LaunchError(f"scalerun launch: error: {fallback}") from None
+            starter = None
+    for name, fd in handed.items():
+        env[name] = str(fd)
+    try:
+        with start.thread_kept() if binds else contextlib.nullcontext():
+            if binds:
+                env.update(start.rank_start_env(env))
+            proc = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=tuple(handed.values()),
+                                    preexec_fn=ending_with_launcher(), **streams)
+    except OSError as error:  # the ranks already started must not be left running
+        ranks.stop(signal.SIGTERM)
+        raise LaunchError(f"cannot start local rank {local_rank} ({command[0]}): {error}") from None
+    return proc, None
+
+
+def wait(ranks: Ranks, starter: warm.Starter | None = None) -> dict[int, Failure]:
     """Until every rank ended, one failed, or a signal came: the failures seen."""
     running = set(ranks.procs)
-    with contextlib.closing(EndWatch(ranks.procs)) as watch:
+    with contextlib.closing(EndWatch(ranks.procs) if starter is None else StarterWatch(starter)) as watch:
         while running and ranks.stop_signal is None:
             failures = ended_badly(ranks, skip=set(ranks.procs) - running)
             if failures:
@@ -307,6 +352,22 @@ def ended_badly(ranks: Ranks, skip: set[int]) -> dict[int, Failure]:
     now = time.time()
     return {rank: Failure(rank, proc.pid, proc.returncode, now) for rank, proc in ranks.procs.items()
             if rank not in skip and proc.poll() is not None and proc.returncode != 0}
+
+
+class StarterWatch:
+    """:class:`EndWatch` for ranks the warm starter forked: their ends come from it."""
+
+    def __init__(self, starter: warm.Starter) -> None:
+        self.starter = starter
+
+    def forget(self, rank: int) -> None:
+        pass
+
+    def next_end(self) -> None:
+        self.starter.next_end()
+
+    def close(self) -> None:
+        pass
 
 
 class EndWatch:

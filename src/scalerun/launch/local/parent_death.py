@@ -28,13 +28,15 @@ PR_SET_PDEATHSIG = 1
 """``<linux/prctl.h>``."""
 
 
-def ending_with_launcher(number: int = signal.SIGTERM) -> Callable[[], None] | None:
+def ending_with_launcher(number: int = signal.SIGTERM, launcher: int | None = None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel send ``number`` to the started process when the
     calling thread ends; None where the kernel has no such setting (not Linux, no libc
     ``prctl``): the ranks then outlive a launcher killed with SIGKILL, as before.
 
     The calling thread must be the one that waits for the ranks (the launcher's), since the
-    signal comes when that thread ends, not the whole process."""
+    signal comes when that thread ends, not the whole process. ``launcher``: the parent's
+    pid where the function runs in the child itself (the warm starter's forked ranks);
+    default this process, the parent-to-be."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -44,11 +46,11 @@ def ending_with_launcher(number: int = signal.SIGTERM) -> Callable[[], None] | N
     # the kernel reads unsigned longs: declared, so no register keeps stray upper bits
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
-    launcher = os.getpid()
+    parent = os.getpid() if launcher is None else launcher
 
     def set_in_child() -> None:
         prctl(PR_SET_PDEATHSIG, int(number), 0, 0, 0)
-        if os.getppid() != launcher:  # it died before the setting: no signal will come
+        if os.getppid() != parent:  # it died before the setting: no signal will come
             os._exit(128 + int(number))
 
     return set_in_child

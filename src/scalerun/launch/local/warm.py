@@ -1,0 +1,322 @@
+"""The launcher's side of the warm start: a starter per node, and ranks that look like ``Popen``.
+
+Why: see :mod:`.starter`: the node's ranks are forked from one process that imported
+torch once, instead of each importing it after its own ``exec``. The launcher keeps its
+own shape: :class:`WarmProc` has what the direct launcher (:mod:`.direct`) and torch
+elastic's agent use of a ``Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
+``send_signal``, its output pipes), so both start warm ranks the way they start exec'd
+ones, and stop them by their sessions as before.
+
+When it does not apply, the launch starts each rank with ``exec`` as before, and one line
+says why (:func:`why_not_warm`, :meth:`Starter.wait_ready`): the program is not a Python
+script or module, a command-line profiler goes in front of the ranks, the user asked for
+``--start exec``, a preload does not import, or a preload opened a GPU.
+
+What it must never do: import torch (the launcher has none), or leave a rank running: the
+starter gets SIGTERM from the kernel when the launcher dies, its ranks get SIGTERM when it
+dies, and a starter that died is said in one line while its ranks are stopped here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from scalerun.launch.local import wire
+from scalerun.launch.local.parent_death import ending_with_launcher
+
+MODES = ("warm", "exec")
+"""``--start``: fork each rank from the node's starter (default), or start each with exec."""
+READY_TIMEOUT_S = 600.0
+"""How long the starter may take to import torch and the preloads (a cold shared file
+system has taken a minute); a starter that says nothing by then is given up on."""
+LOST_GRACE_S = 5.0
+"""After a starter died: between SIGTERM and SIGKILL to the ranks it left."""
+PYTHON_NAME = re.compile(r"python[0-9.]*$")
+
+
+class Fallback(Exception):
+    """The starter cannot start ranks; the message says why (one line)."""
+
+
+@dataclass(frozen=True)
+class PythonProgram:
+    """What ``python -u [-m] TARGET ARGS`` runs, read off a rank's command."""
+
+    python: str
+    entry: str
+    """``file`` or ``module``."""
+    target: str
+    args: tuple[str, ...]
+
+
+def python_program(command: Sequence[str]) -> PythonProgram | str:
+    """The Python program ``command`` runs, or why it is not one the starter can fork."""
+    if not command or not PYTHON_NAME.match(os.path.basename(command[0])):
+        return f"{command[0] if command else 'the command'} is not a Python script or module"
+    words = list(command[1:])
+    while words and words[0] == "-u":
+        words.pop(0)
+    if words[:1] == ["-m"] and len(words) >= 2:
+        return PythonProgram(command[0], "module", words[1], tuple(words[2:]))
+    if not words or words[0].startswith("-"):
+        return f"python is started with {words[0] if words else 'no script'!r}, which the warm start does not take"
+    return PythonProgram(command[0], "file", words[0], tuple(words[1:]))
+
+
+def why_not_warm(mode: str, command: Sequence[str]) -> str | None:
+    """None where the ranks of ``command`` can start warm under ``--start MODE``."""
+    if mode == "exec":
+        return None  # asked for: nothing to say
+    found = python_program(command)
+    return found if isinstance(found, str) else None
+
+
+class WarmProc:
+    """A forked rank, as much of ``subprocess.Popen`` as the launchers use."""
+
+    def __init__(self, starter: Starter, pid: int, args: Sequence[str],
+                 stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
+        self.starter, self.pid, self.args = starter, pid, list(args)
+        self.stdout, self.stderr = stdout, stderr
+        self.stdin = None
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.starter.changed:
+            if not self.starter.changed.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Starter:
+    """One node's starter process, and the ranks it forked for this launcher."""
+
+    def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair()
+        self.control = ours
+        self.changed = threading.Condition()
+        self.ready: bool | None = None
+        self.failure: str | None = None
+        self.lost: str | None = None
+        self.procs: dict[int, WarmProc] = {}
+        self._started: dict[int, int] = {}
+        self._next_id = 0
+        self._ends = 0
+        """How many ends were reported: what :meth:`next_end` waits to change."""
+        self._early_ends: dict[int, int] = {}
+        """Ends reported before :meth:`popen` made the rank's :class:`WarmProc`."""
+        self._send_lock = threading.Lock()
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-u", "-m", "scalerun.launch.local.starter", *preload],
+                env={**env, wire.CONTROL_FD: str(theirs.fileno())}, pass_fds=(theirs.fileno(),),
+                start_new_session=True, preexec_fn=ending_with_launcher())
+        except OSError as error:
+            ours.close()
+            raise Fallback(f"the starter cannot start ({python}: {error.strerror})") from None
+        finally:
+            theirs.close()
+        self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
+        self.reader.start()
+
+    # --- the launcher's calls ------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the starter has imported its preloads; :class:`Fallback` where it could not."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.ready is not None or self.lost is not None, timeout)
+        if self.ready:
+            return
+        reason = self.failure or self.lost or f"the starter said nothing in {timeout:.0f} s"
+        self.close(kill=True)
+        raise Fallback(reason)
+
+    def popen(self, program: PythonProgram, env: Mapping[str, str], *, stdout: Any = None,
+              stderr: Any = None, env_fds: Mapping[str, int] | None = None, binds: bool = False) -> WarmProc:
+        """Fork a rank running ``program`` with ``env`` (its whole environment). ``stdout``
+        and ``stderr``: None (the launcher's), ``subprocess.PIPE``, ``subprocess.DEVNULL``
+        or a file; ``env_fds``: variables that name a descriptor the rank inherits;
+        ``binds``: the rank applies its CPU set, memory node and variables itself."""
+        self.wait_ready()
+        fds: list[int] = []
+        request: dict[str, Any] = {"entry": program.entry, "target": program.target,
+                                   "args": list(program.args), "env": dict(env), "binds": binds}
+        readers: dict[str, IO[bytes]] = {}
+        to_close: list[int] = []
+        for key, where in (("stdout", stdout), ("stderr", stderr)):
+            if where == subprocess.DEVNULL:
+                request[key] = "devnull"
+            elif where == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                readers[key] = os.fdopen(read_end, "rb", buffering=0)
+                request[key] = len(fds)
+                fds.append(write_end)
+                to_close.append(write_end)
+            elif where is not None:
+                request[key] = len(fds)
+                fds.append(where if isinstance(where, int) else where.fileno())
+        request["env_fds"] = {}
+        for name, fd in (env_fds or {}).items():
+            request["env_fds"][name] = len(fds)
+            fds.append(fd)
+        with self.changed:
+            self._next_id += 1
+            request["id"] = ident = self._next_id
+        try:
+            with self._send_lock:
+                wire.send_request(self.control, request, fds)
+        except OSError as error:
+            for reader in readers.values():
+                reader.close()
+            raise Fallback(f"the starter is gone ({error})") from None
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        with self.changed:
+            self.changed.wait_for(lambda: ident in self._started or self.lost is not None)
+            if ident not in self._started:
+                for reader in readers.values():
+                    reader.close()
+                raise Fallback(self.lost or "the starter is gone")
+            pid = self._started.pop(ident)
+            proc = WarmProc(self, pid, [program.python, program.target, *program.args],
+                            readers.get("stdout"), readers.get("stderr"))
+            self.procs[ident] = proc
+            ended = self._early_ends.pop(ident, None)
+            if ended is not None:
+                proc.returncode = ended
+        return proc
+
+    def next_end(self, timeout: float = 1.0) -> None:
+        """Wait until a rank ended (or ``timeout``): the direct launcher's watch."""
+        with self.changed:
+            count = self._ends
+            self.changed.wait_for(lambda: self._ends != count, timeout)
+
+    def close(self, *, kill: bool = False) -> None:
+        """No more ranks: the starter ends once its ranks have (at once with ``kill``)."""
+        with contextlib.suppress(OSError):
+            self.control.shutdown(socket.SHUT_WR)
+        if kill and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(LOST_GRACE_S if not kill else 30.0)
+        self.reader.join(LOST_GRACE_S)
+        self.control.close()
+
+    # --- the reader thread ---------------------------------------------------------------
+
+    def _read(self) -> None:
+        with self.control.makefile("rb") as lines:
+            for raw in lines:
+                self._take(json.loads(raw))
+        self._starter_ended()
+
+    def _take(self, message: Mapping[str, Any]) -> None:
+        kind = message.get("event")
+        with self.changed:
+            if kind == "ready":
+                self.ready = True
+            elif kind == "failed":
+                self.ready, self.failure = False, str(message.get("reason"))
+            elif kind == "started":
+                self._started[int(message["id"])] = int(message["pid"])
+            elif kind == "ended":
+                ident, code = int(message["id"]), int(message["code"])
+                proc = self.procs.get(ident)
+                if proc is None:
+                    self._early_ends[ident] = code
+                else:
+                    proc.returncode = code
+                self._ends += 1
+            self.changed.notify_all()
+
+    def _starter_ended(self) -> None:
+        """The starter's end: expected (every rank reported), or a death its ranks follow."""
+        code = self.proc.wait()
+        with self.changed:
+            left = [proc for proc in self.procs.values() if proc.returncode is None]
+            if self.ready is None and self.failure is None:
+                self.lost = f"the starter (pid {self.proc.pid}) ended ({describe(code)}) before it was ready"
+            elif left:
+                self.lost = (f"scalerun launch: error: the warm starter (pid {self.proc.pid}) died "
+                             f"({describe(code)}); its {len(left)} running rank(s) were stopped")
+            self.changed.notify_all()
+        if left:
+            stop_left(left)
+            with self.changed:
+                for proc in left:
+                    proc.returncode = code if code < 0 else -signal.SIGTERM
+                self._ends += 1
+                self.changed.notify_all()
+
+
+def stop_left(procs: Sequence[WarmProc]) -> None:
+    """SIGTERM to each rank's session (the kernel sent it too), SIGKILL to what is left
+    :data:`LOST_GRACE_S` later: no rank outlives its starter."""
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, number)
+        deadline = time.monotonic() + LOST_GRACE_S
+        while time.monotonic() < deadline and any(_alive(proc.pid) for proc in procs):
+            time.sleep(0.05)
+        if not any(_alive(proc.pid) for proc in procs):
+            return
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie that no one reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def describe(code: int) -> str:
+    """``SIGKILL`` for a negative code, ``exit code N`` otherwise."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+        return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def say(line: str) -> None:
+    """A fallback's line, on the launcher's stderr."""
+    print(f"scalerun launch: starting each rank with exec: {line}", file=sys.stderr, flush=True)
