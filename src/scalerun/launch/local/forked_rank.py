@@ -195,6 +195,8 @@ def _trimmed(hook: Any) -> Any:
             if os.path.abspath(walk.tb_frame.f_code.co_filename) in OWN_FILES:
                 start = walk.tb_next
             walk = walk.tb_next
+        if isinstance(value, BaseException):
+            value = value.with_traceback(start)  # the built-in hook prints the exception's own
         hook(kind, value, start)
 
     return show

@@ -1,0 +1,291 @@
+"""The warm start (issue 28): local ranks forked from one starter per node that imported
+torch once. Real launches; each fact a rank reports is compared with the same launch
+started with ``exec``, where a fresh interpreter is the reference.
+
+One launch per start mode is shared by the tests that read what its ranks saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scalerun.launch.local import warm
+
+SCALERUN = [sys.executable, "-m", "scalerun"]
+
+SEEN = """
+    import atexit, json, multiprocessing, os, pickle, random, sys
+    import numpy, torch
+    import torch.distributed as dist
+
+    class Made:  # pickled by class path, as __main__.Made
+        pass
+
+    def square(value):
+        return value * value
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        total = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(total)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            spawned = pool.map(square, [3])
+        atexit.register(print, "ATEXIT rank", dist.get_rank(), flush=True)
+        print("SEEN " + json.dumps({
+            "rank": dist.get_rank(), "sum": total.item(), "name": __name__, "argv": sys.argv,
+            "file": __file__, "path0": sys.path[0], "in_path": os.environ["EXTRA_PATH"] in sys.path,
+            "pickled": type(pickle.loads(pickle.dumps(Made()))).__module__, "spawned": spawned,
+            "random": random.random(), "numpy": float(numpy.random.rand()),
+            "torch": torch.rand(1).item(), "threads": torch.get_num_threads(),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "cpus": sorted(os.sched_getaffinity(0)),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "cuda_initialized": torch.cuda.is_initialized(),
+            "sid_is_pid": os.getsid(0) == os.getpid(), "parent": os.getppid(),
+            "main_module": sys.modules["__main__"].__dict__ is globals(),
+        }), flush=True)
+        dist.destroy_process_group()
+"""
+
+TRIPWIRE = '''
+"""Records every call that would open a GPU, by pid, from the moment torch.cuda loads."""
+import os, sys
+from scalerun.runtime.autoarm import RunAfterImport
+
+NAMES = ("is_available", "device_count", "_lazy_init", "init", "current_device", "get_device_name",
+         "get_device_properties", "set_device", "synchronize")
+C_NAMES = ("_cuda_getDeviceCount", "_cuda_init", "_cuda_setDevice")
+
+
+def wrap(owner, name):
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+    def called(*args, **kwargs):
+        with open(os.environ["TRIPWIRE_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {name}\\n")
+        return original(*args, **kwargs)
+    setattr(owner, name, called)
+
+
+def armed():
+    cuda, c = sys.modules["torch.cuda"], sys.modules["torch._C"]
+    for name in NAMES:
+        wrap(cuda, name)
+    for name in C_NAMES:
+        wrap(c, name)
+
+
+sys.meta_path.insert(0, RunAfterImport("torch.cuda", armed))
+'''
+
+
+def write(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def launch(*args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SCALERUN, "launch", "--no-monitor", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def seen(result: subprocess.CompletedProcess) -> dict[int, dict]:
+    found = [json.loads(line.split("SEEN ", 1)[1]) for line in result.stdout.splitlines() if "SEEN " in line]
+    return {rank["rank"]: rank for rank in found}
+
+
+@pytest.fixture(scope="module")
+def ranks_seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """One 2-rank launch per start mode of :data:`SEEN`, with a GPU tripwire on the path."""
+    folder = tmp_path_factory.mktemp("warm")
+    script = write(folder, "seen.py", SEEN)
+    hooks = folder / "hooks"
+    hooks.mkdir()
+    write(hooks, "sitecustomize.py", TRIPWIRE)
+    extra = folder / "extra"
+    extra.mkdir()
+    runs = {}
+    for mode in ("warm", "exec"):
+        log = folder / f"tripwire-{mode}.log"
+        result = launch(f"--start={mode}", "--nproc-per-node", "2", str(script), "a b", "--flag",
+                        PYTHONPATH=os.pathsep.join([str(hooks), str(extra)]), EXTRA_PATH=str(extra),
+                        TRIPWIRE_LOG=str(log))
+        assert result.returncode == 0, result.stderr
+        runs[mode] = (result, {"ranks": seen(result), "log": log, "script": script})
+    return runs
+
+
+def test_forked_ranks_see_what_a_fresh_interpreter_shows(ranks_seen: dict) -> None:
+    (_, warm_run), (_, exec_run) = ranks_seen["warm"], ranks_seen["exec"]
+    assert sorted(warm_run["ranks"]) == [0, 1]
+    same = ("sum", "name", "argv", "file", "path0", "in_path", "pickled", "spawned", "threads", "omp",
+            "cpus", "visible", "cuda_initialized", "sid_is_pid", "main_module")
+    for rank in (0, 1):
+        forked, fresh = warm_run["ranks"][rank], exec_run["ranks"][rank]
+        assert {key: forked[key] for key in same} == {key: fresh[key] for key in same}
+    forked = warm_run["ranks"][0]
+    assert forked["argv"] == [str(warm_run["script"]), "a b", "--flag"] and forked["name"] == "__main__"
+    assert forked["pickled"] == "__main__" and forked["spawned"] == [9] and forked["sum"] == 3.0
+    assert forked["path0"] == str(warm_run["script"].parent) and forked["in_path"] and forked["main_module"]
+
+
+def test_forked_ranks_draw_different_random_numbers(ranks_seen: dict) -> None:
+    """A fork copies every generator's state: without reseeding, both ranks would draw the
+    same numbers from random, numpy and torch, where fresh interpreters draw different ones."""
+    for mode in ("warm", "exec"):
+        ranks = ranks_seen[mode][1]["ranks"]
+        for source in ("random", "numpy", "torch"):
+            assert ranks[0][source] != ranks[1][source], (mode, source)
+
+
+def test_the_ranks_are_forked_by_one_starter_that_never_touched_a_gpu(ranks_seen: dict) -> None:
+    """The starter imported torch, torch._dynamo and scalerun's modules; nothing in it asked
+    for a GPU (a CUDA driver opened before fork is unusable in every rank). The tripwire
+    records each such call by pid; the ranks' own calls (torch.cuda.is_initialized is not
+    one) may come, the starter's may not."""
+    result, run = ranks_seen["warm"]
+    parents = {rank["parent"] for rank in run["ranks"].values()}
+    assert len(parents) == 1
+    starter = parents.pop()
+    calls = run["log"].read_text().splitlines() if run["log"].exists() else []
+    assert not [call for call in calls if call.split()[0] == str(starter)], calls
+    assert "ATEXIT rank 0" in result.stdout and "ATEXIT rank 1" in result.stdout
+    assert "starting each rank with exec" not in result.stderr
+
+
+def test_the_tripwire_catches_a_starter_that_opens_a_gpu(tmp_path: Path) -> None:
+    """The check above can fail: a preload that asks torch for its GPUs is recorded under the
+    starter's pid (no GPU here, so the call itself returns 0)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    write(hooks, "sitecustomize.py", TRIPWIRE)
+    write(hooks, "asks_gpus.py", "import torch\ntorch.cuda.device_count()\n")
+    script = write(tmp_path, "ppid.py", "import os\nprint('PARENT', os.getppid(), flush=True)\n")
+    log = tmp_path / "tripwire.log"
+    result = launch("--preload", "asks_gpus", "--nproc-per-node", "1", str(script),
+                    PYTHONPATH=str(hooks), TRIPWIRE_LOG=str(log))
+    assert result.returncode == 0, result.stderr
+    starter = result.stdout.split("PARENT ", 1)[1].split()[0]
+    assert f"{starter} device_count" in log.read_text().splitlines()
+
+
+def test_a_failing_rank_ends_as_a_fresh_interpreter_would(tmp_path: Path) -> None:
+    """An uncaught exception: its traceback starts at the script (no starter frames), exit
+    code 1, and the launcher names the rank; sys.exit(N) gives N."""
+    script = write(tmp_path, "fails.py", """
+        import os, sys
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank one broke")
+        sys.exit(0)
+    """)
+    results = {mode: launch(f"--start={mode}", "--nproc-per-node", "2", str(script)) for mode in ("warm", "exec")}
+    for mode, result in results.items():
+        assert result.returncode == 1, (mode, result.stderr)
+        trace = [line for line in result.stderr.splitlines() if line.startswith("[rank1]:")]
+        assert trace[0] == "[rank1]: Traceback (most recent call last):", (mode, trace)
+        assert trace[1].startswith(f'[rank1]:   File "{script}", line 4, in <module>'), (mode, trace)
+        assert "starter.py" not in result.stderr and "forked_rank.py" not in result.stderr
+        assert "[rank1]: ValueError: rank one broke" in result.stderr
+        assert "local rank 1" in result.stderr
+    code = write(tmp_path, "code.py", "import sys\nsys.exit(7)\n")
+    assert launch("--nproc-per-node", "2", str(code)).returncode == 7
+
+
+def test_a_module_runs_as_with_python_m(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    write(package, "__init__.py", "")
+    write(package, "job.py", """
+        import json, os, sys
+        print("SEEN " + json.dumps({"rank": int(os.environ["RANK"]), "argv": sys.argv, "name": __name__,
+              "spec": __spec__.name, "path0": sys.path[0]}), flush=True)
+    """)
+    results = {mode: subprocess.run([*SCALERUN, "launch", "--no-monitor", f"--start={mode}", "--nproc-per-node",
+                                     "2", "-m", "pkg.job", "x"], capture_output=True, text=True, timeout=120,
+                                    cwd=tmp_path)
+               for mode in ("warm", "exec")}
+    for result in results.values():
+        assert result.returncode == 0, result.stderr
+    assert seen(results["warm"]) == seen(results["exec"])
+    assert seen(results["warm"])[1] == {"rank": 1, "argv": [str(package / "job.py"), "x"], "name": "__main__",
+                                        "spec": "pkg.job", "path0": str(tmp_path)}
+
+
+def test_a_preload_that_does_not_import_falls_back_to_exec_in_one_line(tmp_path: Path) -> None:
+    script = write(tmp_path, "ok.py", "import os\nprint('RAN', os.environ['RANK'], flush=True)\n")
+    result = launch("--preload", "no_such_module_here", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "starting each rank with exec" in line]
+    assert len(said) == 1 and "--preload no_such_module_here does not import (ModuleNotFoundError" in said[0]
+    assert sorted(line.split("RAN ")[1] for line in result.stdout.splitlines() if "RAN " in line) == ["0", "1"]
+
+
+def test_a_bad_preload_name_is_one_line(tmp_path: Path) -> None:
+    script = write(tmp_path, "ok.py", "print(1)\n")
+    result = launch("--preload", "not a module", str(script))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--preload 'not a module' is not a module name" in result.stderr
+
+
+def test_a_program_that_is_not_python_starts_with_exec_and_says_why(tmp_path: Path) -> None:
+    result = launch("--no-python", "--nproc-per-node", "2", "true")
+    assert result.returncode == 0, result.stderr
+    assert "starting each rank with exec: true is not a Python script or module" in result.stderr
+    quiet = launch("--start=exec", "--no-python", "--nproc-per-node", "1", "true")
+    assert "starting each rank" not in quiet.stderr  # asked for: nothing to explain
+
+
+WAITING = """
+    import os, pathlib, sys, time
+    pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+    time.sleep(300)
+"""
+
+
+def test_a_starter_that_dies_takes_its_ranks_and_says_so(tmp_path: Path) -> None:
+    """SIGKILL to the starter: its ranks get SIGTERM from the kernel, the launcher stops
+    whatever is left, ends non-zero with one line, and no rank is left running."""
+    script = write(tmp_path, "wait.py", WAITING)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    launcher = subprocess.Popen([*SCALERUN, "launch", "--no-monitor", "--nproc-per-node", "2", str(script),
+                                 str(pids_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pids_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = [int(path.read_text()) for path in pids_dir.iterdir()]
+        assert len(ranks) == 2
+        starter = psutil.Process(ranks[0]).ppid()
+        assert "scalerun.launch.local.starter" in psutil.Process(starter).cmdline()
+        os.kill(starter, signal.SIGKILL)
+        _out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    lines = [line for line in err.splitlines() if "error: the warm starter" in line]
+    assert len(lines) == 1 and f"the warm starter (pid {starter}) died (SIGKILL)" in lines[0], err
+    assert f"verdict: the warm starter (pid {starter}) died" in err  # the run's verdict says it too
+    time.sleep(0.5)
+    assert not [pid for pid in ranks if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_reading_a_rank_command() -> None:
+    assert warm.python_program(["/usr/bin/python3", "-u", "t.py", "-x"]) == warm.PythonProgram(
+        "/usr/bin/python3", "file", "t.py", ("-x",))
+    assert warm.python_program(["python3.11", "-u", "-m", "pkg.mod", "a"]) == warm.PythonProgram(
+        "python3.11", "module", "pkg.mod", ("a",))
+    assert warm.python_program(["nsys", "profile", "python", "t.py"]) == "nsys is not a Python script or module"
+    assert "does not take" in str(warm.python_program(["python", "-X", "importtime", "t.py"]))
+    assert warm.why_not_warm("exec", ["true"]) is None
