@@ -345,7 +345,7 @@ def test_torchrun_mode_words():
         "--",
         "python",
         "-m",
-        "torch.distributed.run",
+        "scalerun.launch.local.elastic_run",  # torch's agent, its ranks forked warm (issue 28)
         "--nnodes=4",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",

@@ -19,6 +19,7 @@ EXEC_BIND = ["--no-python", "python", "-m", "scalerun", "exec", "--bind", "--"]
 
 def job_words(tmp_path: Path, **given) -> list:
     given.setdefault("script", "train.py")
+    given.setdefault("start", "exec")
     return program_words(slurm_job(request(run_dir=tmp_path, site="t", nodes=2, check=False,
                                            mode="torchrun", **given)))
 
@@ -40,6 +41,21 @@ def test_a_scalerun_program_starts_as_torchrun_would(tmp_path: Path) -> None:
     words = job_words(tmp_path, calls_init=True)
     assert "exec" not in words[words.index("torch.distributed.run"):]
     assert words[-1] == "train.py"
+
+
+def test_warm_workers_are_forked_by_the_nodes_starter_and_bind_themselves(tmp_path: Path) -> None:
+    """Issue 28: with --start warm (the default) each node's agent is torch's own, started
+    through scalerun's wrapper, which forks the ranks from one starter; a program without
+    init() is bound by each forked rank (no exec in front of it)."""
+    words = job_words(tmp_path, start="warm", calls_init=False, script_args=("--lr", "1"), preload=("numpy",))
+    agent = words.index("scalerun.launch.local.elastic_run")
+    assert words[agent - 1:agent + 3] == ["-m", "scalerun.launch.local.elastic_run",
+                                          "--scalerun-preload=numpy", "--scalerun-binds"]
+    assert "exec" not in words[agent:] and words[-3:] == ["train.py", "--lr", "1"]
+    plain = job_words(tmp_path, start="warm", calls_init=True)
+    assert "--scalerun-binds" not in plain and "--scalerun-preload=numpy" not in plain
+    tool = job_words(tmp_path, start="warm", calls_init=False, entry="executable", script="./train.sh")
+    assert "torch.distributed.run" in tool  # not Python: nothing to fork
 
 
 def test_in_a_container_the_workers_are_bound_by_the_images_python(tmp_path: Path) -> None:

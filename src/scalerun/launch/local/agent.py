@@ -21,7 +21,7 @@ from typing import Any
 from scalerun.errors import LaunchError
 from scalerun.launch.local import direct, start, tail
 from scalerun.launch.local.failures import exit_code_of, failure_message
-from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob
+from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
 from scalerun.launch.observe import run_observed
 from scalerun.launch.prefix import fill_node, short_node
 from scalerun.placement import node_name
@@ -100,15 +100,24 @@ def _run_agent(job: LocalJob) -> tuple[int, str | None]:
         # elastic logs each stop and failure at length; scalerun prints one line instead
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     tail.install()  # [rankN]: lines stay whole when ranks print at once
-    # a program that does not call init(): the agent applies each rank's plan as it starts it
-    with start.bound_ranks(job.direct_argv is not None) as binds, start.ranks_ending_with_agent():
-        argv = list(job.direct_argv if binds and job.direct_argv is not None else job.argv)
-        if job.verbose:
-            show_torchrun(argv)
-        try:
-            run_agent(torchrun.parse_args(argv))
-        except ChildFailedError as error:
-            return exit_code_of(error.failures), failure_message(error.failures)
+    # a program that does not call init(): the agent applies each rank's plan as it starts it,
+    # or the warm starter's child does (restarts are forked from the same starter)
+    plain = job.direct_argv is not None
+    starter = direct.warm_starter(job.plan.request.local, rank_command(job.plan, agent_binds=plain))
+    try:
+        with start.bound_ranks(plain and starter is None) as binds, \
+                start.ranks_ending_with_agent(starter, child_binds=plain and starter is not None):
+            direct_start = (binds or starter is not None) and job.direct_argv is not None
+            argv = list(job.direct_argv if direct_start and job.direct_argv is not None else job.argv)
+            if job.verbose:
+                show_torchrun(argv)
+            try:
+                run_agent(torchrun.parse_args(argv))
+            except ChildFailedError as error:
+                return exit_code_of(error.failures), failure_message(error.failures)
+    finally:
+        if starter is not None:
+            starter.close()
     return 0, None
 
 

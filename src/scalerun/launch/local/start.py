@@ -99,13 +99,15 @@ def bound_ranks(wanted: bool = True) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def ranks_ending_with_agent() -> Iterator[bool]:
+def ranks_ending_with_agent(starter: Any = None, *, child_binds: bool = False) -> Iterator[bool]:
     """Within the block, each rank torch elastic's agent starts gets the kernel's SIGTERM when
     the agent dies, as the direct launcher's ranks do (:mod:`.parent_death`): a ``scalerun
     launch`` killed outright (SIGKILL, the OOM killer) leaves no rank behind, which plain
-    ``torchrun`` does. Yields False (and changes nothing) where the kernel has no such
-    setting or this torch does not start its ranks through the module's ``Popen``."""
-    import functools
+    ``torchrun`` does. With the node's warm ``starter`` (:class:`.warm.Starter`) the agent's
+    ranks are forked by it instead (restarts too), each applying its plan itself where
+    ``child_binds``; a rank it cannot fork starts as before, with one line. Yields False
+    (and changes nothing) where the kernel has no such setting or this torch does not start
+    its ranks through the module's ``Popen``."""
     import subprocess
 
     from scalerun.launch.local.parent_death import ending_with_launcher
@@ -118,8 +120,37 @@ def ranks_ending_with_agent() -> Iterator[bool]:
     if set_in_child is None or getattr(subprocess_handler, "Popen", None) is not subprocess.Popen:
         yield False
         return
-    subprocess_handler.Popen = functools.partial(subprocess.Popen, preexec_fn=set_in_child)
+    subprocess_handler.Popen = popen_for_agent(starter, set_in_child, child_binds)
     try:
         yield True
     finally:
         subprocess_handler.Popen = subprocess.Popen
+
+
+def popen_for_agent(starter: Any, set_in_child: Callable[[], None], child_binds: bool) -> Callable[..., Any]:
+    """The ``Popen`` torch elastic's handler calls: a warm rank from ``starter`` where it can,
+    else a process that ends with the agent."""
+    import subprocess
+
+    from scalerun.launch.local import warm
+
+    state = {"starter": starter}
+
+    def popen(args: Any, **kwargs: Any) -> Any:
+        program = warm.python_program(list(args))
+        if state["starter"] is not None and isinstance(program, warm.PythonProgram):
+            try:
+                return state["starter"].popen(program, kwargs.get("env") or os.environ,
+                                              stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
+                                              binds=child_binds)
+            except warm.Fallback as fallback:
+                warm.say(str(fallback))
+                state["starter"] = None
+        if child_binds:  # the agent did not bind this rank: the starter was to
+            env = dict(kwargs.get("env") or os.environ)
+            with thread_kept():
+                env.update(rank_start_env(env))
+                return subprocess.Popen(args, **{**kwargs, "env": env}, preexec_fn=set_in_child)
+        return subprocess.Popen(args, **kwargs, preexec_fn=set_in_child)
+
+    return popen

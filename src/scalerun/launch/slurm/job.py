@@ -262,6 +262,11 @@ class SlurmJob:
     bind_workers: bool = False
     """torchrun mode: each worker starts through ``scalerun exec --bind`` (its cores, memory
     node and the plan's variables), for programs that do not call ``scalerun.init()``."""
+    start: str = "warm"
+    """torchrun mode: ``warm`` forks each node's ranks from one starter that imported torch
+    once (:mod:`scalerun.launch.local.elastic_run`); ``exec`` starts each on its own."""
+    preload: tuple[str, ...] = ()
+    """Modules the warm starter imports besides torch's and scalerun's (``--preload``)."""
     python: str = "python"
     """Interpreter that runs the script (inside the container when there is one)."""
     host_python: str = "python"
@@ -356,6 +361,8 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
         prefix_lines=(mode == "srun" and job_resources.nodes > 1 and request.local.prefix_output),
         # inside a container too: scalerun is brought into the image (plan.launch)
         bind_workers=mode == "torchrun" and plan.exec_bind,
+        start=request.local.start,
+        preload=request.local.preload,
         python=plan.python,
         host_python=plan.host_python,
         container=plan.container,

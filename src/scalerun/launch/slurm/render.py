@@ -42,12 +42,18 @@ def program_words(job: SlurmJob) -> list[Word]:
         "module": ["--module", job.script],
         "executable": ["--no-python", job.script],
     }[job.entry]
-    if job.bind_workers:  # a program that does not bind itself: scalerun exec does it
+    agent: list[Word] = ["-m", "torch.distributed.run"]
+    if job.start == "warm" and job.entry != "executable":
+        # the node's ranks forked from one starter (restarts too); a program that does not
+        # bind itself is bound by each forked rank, as scalerun exec --bind would
+        agent = ["-m", "scalerun.launch.local.elastic_run",
+                 *([f"--scalerun-preload={','.join(job.preload)}"] if job.preload else []),
+                 *(["--scalerun-binds"] if job.bind_workers else [])]
+    elif job.bind_workers:  # a program that does not bind itself: scalerun exec does it
         torchrun_target = ["--no-python", *exec_bind_words(job.python, job.script, job.entry)]
     return [
         job.python,
-        "-m",
-        "torch.distributed.run",
+        *agent,
         node_count_word(job, "--nnodes="),
         f"--nproc-per-node={job.nproc_per_node}",
         "--rdzv-backend=c10d",
