@@ -40,6 +40,15 @@ the ratio of the medians and the median of the ratios within a pair (the goal: a
 1.05x), with the load average at every pair, since a busy machine moves both::
 
     python benchmarks/launch.py --trivial            # 2 ranks, 7 pairs, results/launch-trivial.json
+
+``--warm`` (issue 28) times the warm start: a DDP script (``DistributedDataParallel`` of a
+small model, then one all-reduce; no scalerun in the rank) from before ``Popen`` to every
+rank past its first collective, under ``scalerun launch --start=warm`` (the default: ranks
+forked from one starter that imported torch once), ``--start=exec`` (each rank imports
+torch itself) and ``torchrun``, in rotating order, at 4 and 8 ranks; the wall and CPU
+ratios of the medians against torchrun (the goal: at most 0.5x)::
+
+    python benchmarks/launch.py --warm              # 4 and 8 ranks, 5 rounds, results/launch-warm.json
 """
 
 from __future__ import annotations
@@ -65,6 +74,25 @@ TIMEOUT_S = 300.0
 
 
 # --- inside each rank ------------------------------------------------------------------
+
+
+def probe_ddp_rank(stamp: Path) -> None:
+    """A DDP rank's start: the process group, DDP's constructor (it imports torch._dynamo and
+    broadcasts the parameters), one all-reduce; rank 0 then writes the time."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    passed = time.time()
+    if dist.get_rank() == 0:
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(repr(passed))
+        os.replace(tmp, stamp)
+    del model
+    dist.destroy_process_group()
 
 
 def probe_rank(stamp: Path, plain_torch: bool) -> None:
@@ -114,6 +142,8 @@ class Samples:
 
 
 def launch_command(variant: str, ranks: int, stamp: Path) -> list[str]:
+    if variant in WARM_VARIANTS:
+        return warm_command(variant, ranks, stamp)
     probe = [str(THIS_FILE), "--probe", str(stamp)]
     if variant == "scalerun":
         return [
@@ -125,6 +155,17 @@ def launch_command(variant: str, ranks: int, stamp: Path) -> list[str]:
         ]
     torchrun = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}"]
     return [*torchrun, *probe, *(["--plain-torch"] if variant == "torchrun+torch" else [])]
+
+
+WARM_VARIANTS = ("warm", "exec", "torchrun-ddp")
+
+
+def warm_command(variant: str, ranks: int, stamp: Path) -> list[str]:
+    """--warm's three launches of the DDP probe."""
+    probe = [str(THIS_FILE), "--probe-ddp", str(stamp)]
+    if variant == "torchrun-ddp":
+        return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", *probe]
+    return [str(BIN / "scalerun"), "launch", f"--start={variant}", f"--nproc-per-node={ranks}", *probe]
 
 
 def children_cpu_s() -> float:
@@ -149,17 +190,19 @@ def time_once(variant: str, ranks: int, workdir: Path) -> tuple[float, float, fl
     return float(stamp.read_text()) - started, total, children_cpu_s() - cpu_before
 
 
-def run_benchmark(rank_counts: Sequence[int], repeat: int, warmup: int) -> list[Samples]:
-    results = {(v, n): Samples(v, n) for n in rank_counts for v in VARIANTS}
+def run_benchmark(rank_counts: Sequence[int], repeat: int, warmup: int,
+                  variants: Sequence[str] = VARIANTS) -> list[Samples]:
+    order = tuple(variants)
+    results = {(v, n): Samples(v, n) for n in rank_counts for v in order}
     with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp:
         for _ in range(warmup):  # untimed: fills the page cache, writes .pyc files
             for n in rank_counts:
-                for variant in VARIANTS:
+                for variant in order:
                     time_once(variant, n, Path(tmp))
         for rnd in range(repeat):
             for n in rank_counts:
-                shift = rnd % len(VARIANTS)  # rotate: none is always first after a pause
-                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                shift = rnd % len(order)  # rotate: none is always first after a pause
+                for variant in order[shift:] + order[:shift]:
                     ready, total, cpu = time_once(variant, n, Path(tmp))
                     samples = results[variant, n]
                     samples.ready_s.append(ready)
@@ -379,6 +422,49 @@ def main_trivial(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_warm(args: argparse.Namespace) -> int:
+    """--warm: the three launches of the DDP probe, rotating, and their ratios to torchrun."""
+    ranks = args.ranks or [4, 8]
+    out = args.out or Path("benchmarks/results/launch-warm.json")
+    env = environment()
+    print(f"launch benchmark --warm: {args.repeat} rounds x {WARM_VARIANTS} x ranks {ranks} on "
+          f"{env['cpus']} CPUs (load {env['loadavg_1m']:.2f})", file=sys.stderr)
+    try:
+        results = run_benchmark(ranks, args.repeat, args.warmup, WARM_VARIANTS)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        print(f"launch.py: error: {error}", file=sys.stderr)
+        return 1
+    ratios = {str(n): {start: compare(results, n, start, "torchrun-ddp") for start in ("warm", "exec")}
+              for n in ranks}
+    lines = ["ranks  start          to first collective median (min-max)   CPU s median",
+             "-----  -------------  -------------------------------------  ------------"]
+    for s in sorted(results, key=lambda r: (r.ranks, WARM_VARIANTS.index(r.variant))):
+        lines.append(f"{s.ranks:5d}  {s.variant:13s}  {s.median('ready_s'):7.3f} s "
+                     f"({min(s.ready_s):.2f}-{max(s.ready_s):.2f}){'':16s}  {s.median('cpu_s'):10.2f} s")
+    lines += ["", "ranks  start  / torchrun: to first collective  CPU s   (goal: warm <= 0.5 both)"]
+    for n in ranks:
+        for start in ("warm", "exec"):
+            c = ratios[str(n)][start]
+            lines.append(f"{n:5d}  {start:5s}  {c['ready_ratio']:30.3f}  {c['cpu_ratio']:5.3f}")
+    print("\n".join(lines))
+    report = {
+        "benchmark": "launch-warm",
+        "measures": "a DDP script (DDP of Linear(16,16), one all_reduce, no scalerun in the rank): "
+        "seconds from before Popen to rank 0 past the all-reduce (ready_s), to the launcher's exit "
+        "(total_s), CPU seconds of the command and its ranks (cpu_s)",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["python", *sys.argv]),
+        "repeat": args.repeat,
+        "environment": {**env, "loadavg_1m_after": os.getloadavg()[0]},
+        "results": [s.summary() for s in results],
+        "vs_torchrun": ratios,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Time scalerun launch against torchrun.")
     parser.add_argument(
@@ -398,6 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe", type=Path, help=argparse.SUPPRESS
     )  # rank mode, used by the launches
     parser.add_argument("--plain-torch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-ddp", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--warm", action="store_true",
+                        help="issue 28: a DDP script to its first collective under --start=warm, "
+                        "--start=exec and torchrun (4 and 8 ranks unless --ranks)")
     parser.add_argument("--trivial", action="store_true",
                         help="issue 20: a script that imports nothing, whole process, alternating "
                         "pairs of torchrun and scalerun launch (2 ranks unless --ranks N)")
@@ -411,6 +501,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe:
         probe_rank(args.probe, args.plain_torch)
         return 0
+    if args.probe_ddp:
+        probe_ddp_rank(args.probe_ddp)
+        return 0
+    if args.warm:
+        return main_warm(args)
     if args.trivial:
         return main_trivial(args)
     args.ranks = args.ranks or [1, 2, 4]

@@ -102,6 +102,9 @@ STORE_FD = "SCALERUN_STORE_FD"
 ``MASTER_ADDR:MASTER_PORT``, that rank 0 serves the rendezvous store on. A one-node launch
 without torch elastic's agent holds the port from the moment it picks it until rank 0
 listens (``launch/local/direct.py``, ``runtime/store.py``)."""
+STARTER_FD = "SCALERUN_STARTER_FD"
+"""Set by the launcher for its warm starter, never by a user: the number of the inherited
+Unix socket the starter takes its ranks from (``launch/local/wire.py``)."""
 
 # --- the run directory (paths are built by :mod:`scalerun.rundir`) -----------------------
 

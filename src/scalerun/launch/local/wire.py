@@ -18,11 +18,12 @@ import socket
 import struct
 from typing import Any
 
+from scalerun.plan import variables
+
 HEADER = struct.Struct("!II")
 """Payload length and descriptor count."""
 MAX_FDS = 8
-CONTROL_FD = "SCALERUN_STARTER_FD"
-"""The starter's end of the socket, a descriptor number it inherits (never set by a user)."""
+CONTROL_FD = variables.STARTER_FD
 
 
 def send_request(sock: socket.socket, payload: dict[str, Any], fds: list[int]) -> None:
