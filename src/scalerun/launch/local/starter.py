@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     tell(control, wire.event("ready", pid=os.getpid()))
     starter = os.getpid()
     got = serve(control)
-    if got is None:
-        return
+    if got is None:  # every rank ended and the launcher is done: nothing of ours to clean up
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # no teardown of torch's modules: CPU the launcher would wait for
     control.close()
     from scalerun.launch.local.forked_rank import become
 
