@@ -91,8 +91,12 @@ def probe_ddp_rank(stamp: Path) -> None:
         tmp = stamp.with_suffix(".tmp")
         tmp.write_text(repr(passed))
         os.replace(tmp, stamp)
-    del model
-    dist.destroy_process_group()
+    # every rank past this barrier is done; ending here skips DDP's and gloo's teardown,
+    # which on the SLURM test cluster now and then aborted a rank ("terminate called
+    # without an active exception") after the time was taken, failing the launch
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0 if model is not None else 1)
 
 
 def probe_rank(stamp: Path, plain_torch: bool) -> None:
