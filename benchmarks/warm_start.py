@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--only", choices=("restart", "steps", "slurm"))
-    parser.add_argument("--epochs", type=int, default=2, help="the example's epochs (steps: 63 a 1,000-sample epoch)")
+    parser.add_argument("--epochs", type=int, default=4, help="the example's epochs (25 steps each on 2 ranks)")
     parser.add_argument("--out", type=Path, default=RESULTS / "warm_start.json")
     parser.add_argument("--restart-rank", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ code, as ``Popen.returncode`` gives it. The child leaves the loop and becomes th
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import selectors
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
+    # the preloaded objects out of the collector's reach: a collection in a rank would
+    # otherwise write to every one of them and copy the pages they share with the starter
+    gc.freeze()
     tell(control, wire.event("ready", pid=os.getpid()))
     starter = os.getpid()
     got = serve(control)
