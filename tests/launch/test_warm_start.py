@@ -289,3 +289,48 @@ def test_reading_a_rank_command() -> None:
     assert warm.python_program(["nsys", "profile", "python", "t.py"]) == "nsys is not a Python script or module"
     assert "does not take" in str(warm.python_program(["python", "-X", "importtime", "t.py"]))
     assert warm.why_not_warm("exec", ["true"]) is None
+    behind_exec = warm.python_program(["python", "-m", "scalerun", "exec", "--bind", "--", "nsys", "python", "t.py"])
+    assert behind_exec == "each rank starts behind scalerun exec (a command-line profiler goes in front of it)"
+
+
+def test_a_zipapp_runs_as_python_runs_it(tmp_path: Path) -> None:
+    import zipfile
+
+    app = tmp_path / "app.pyz"
+    with zipfile.ZipFile(app, "w") as archive:
+        archive.writestr("__main__.py", "import os, sys\nprint('SEEN {\"rank\": ' + os.environ['RANK'] + "
+                         "', \"path0\": \"' + sys.path[0] + '\"}', flush=True)\n")
+    results = {mode: launch(f"--start={mode}", "--nproc-per-node", "1", str(app)) for mode in ("warm", "exec")}
+    for result in results.values():
+        assert result.returncode == 0, result.stderr
+    assert seen(results["warm"]) == seen(results["exec"]) == {0: {"rank": 0, "path0": str(app)}}
+
+
+def test_a_signal_while_the_starter_imports_ends_the_launch_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while torch is still importing: the launch ends with 130 within seconds, the
+    starter is killed and no rank was started."""
+    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(60)\n")
+    marker = tmp_path / "ran"
+    script = write(tmp_path, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")
+    launcher = subprocess.Popen([*SCALERUN, "launch", "--no-monitor", "--preload", "slow_preload",
+                                 "--nproc-per-node", "2", str(script)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 60
+        starter = None
+        while starter is None and time.monotonic() < deadline:
+            for child in psutil.Process(launcher.pid).children():
+                if "scalerun.launch.local.starter" in child.cmdline():
+                    starter = child
+            time.sleep(0.1)
+        assert starter is not None
+        began = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        _out, err = launcher.communicate(timeout=30)
+        took = time.monotonic() - began
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130 and took < 10, (launcher.returncode, took, err)
+    assert "stopped by SIGINT" in err and "starting each rank with exec" not in err
+    assert not marker.exists() and not starter.is_running()

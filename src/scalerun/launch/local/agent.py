@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from scalerun.errors import LaunchError
-from scalerun.launch.local import direct, start, tail
+from scalerun.launch.local import direct, start, tail, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
 from scalerun.launch.observe import run_observed
@@ -105,16 +105,20 @@ def _run_agent(job: LocalJob) -> tuple[int, str | None]:
     plain = job.direct_argv is not None
     starter = direct.warm_starter(job.plan.request.local, rank_command(job.plan, agent_binds=plain))
     try:
-        with start.bound_ranks(plain and starter is None) as binds, \
-                start.ranks_ending_with_agent(starter, child_binds=plain and starter is not None):
-            direct_start = (binds or starter is not None) and job.direct_argv is not None
-            argv = list(job.direct_argv if direct_start and job.direct_argv is not None else job.argv)
-            if job.verbose:
-                show_torchrun(argv)
-            try:
-                run_agent(torchrun.parse_args(argv))
-            except ChildFailedError as error:
-                return exit_code_of(error.failures), failure_message(error.failures)
+        with start.ranks_ending_with_agent(starter, child_binds=plain and starter is not None) as hooked:
+            if not hooked and starter is not None:  # this torch starts ranks another way: no warm start
+                warm.say("this torch's agent does not start its ranks through subprocess.Popen")
+                starter.close(kill=True)
+                starter = None
+            with start.bound_ranks(plain and starter is None) as binds:
+                direct_start = (binds or starter is not None) and job.direct_argv is not None
+                argv = list(job.direct_argv if direct_start and job.direct_argv is not None else job.argv)
+                if job.verbose:
+                    show_torchrun(argv)
+                try:
+                    run_agent(torchrun.parse_args(argv))
+                except ChildFailedError as error:
+                    return exit_code_of(error.failures), failure_message(error.failures)
     finally:
         if starter is not None:
             starter.close()

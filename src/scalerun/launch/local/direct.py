@@ -242,6 +242,13 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     ranks, output = Ranks(), Output()
     starter = warm_starter(options, command)
     with forwarding(ranks), contextlib.closing(held):
+        if starter is not None:  # a signal while torch imports ends the launch here
+            try:
+                if not starter.wait_ready(stopped=lambda: ranks.stop_signal is not None):
+                    starter = None
+            except warm.Fallback as fallback:
+                warm.say(str(fallback))
+                starter = None
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
                 break
@@ -355,16 +362,19 @@ def ended_badly(ranks: Ranks, skip: set[int]) -> dict[int, Failure]:
 
 
 class StarterWatch:
-    """:class:`EndWatch` for ranks the warm starter forked: their ends come from it."""
+    """:class:`EndWatch` for ranks the warm starter forked: their ends come from it. The
+    count of ends is taken when the watch starts, before the first look at the ranks, so
+    an end reported between a look and the wait wakes the wait at once."""
 
     def __init__(self, starter: warm.Starter) -> None:
         self.starter = starter
+        self.seen = starter.ends
 
     def forget(self, rank: int) -> None:
         pass
 
     def next_end(self) -> None:
-        self.starter.next_end()
+        self.seen = self.starter.next_end(self.seen)
 
     def close(self) -> None:
         pass

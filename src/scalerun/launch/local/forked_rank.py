@@ -40,6 +40,7 @@ import os
 import runpy
 import sys
 import types
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,7 @@ def become(request: dict[str, Any], fds: list[int], *, starter: int) -> None:
     when the program ended normally (the interpreter then exits 0)."""
     os.setsid()
     _end_with(starter)
+    os.close(request.pop("ready_fd"))  # the starter says "started" now: a stop finds our session
     _streams(request, fds)
     env = dict(request["env"])
     for name, index in request.get("env_fds", {}).items():
@@ -62,6 +64,10 @@ def become(request: dict[str, Any], fds: list[int], *, starter: int) -> None:
         from scalerun.launch.local.start import rank_start_env
 
         env.update(rank_start_env(env))
+    if env.get("GLIBC_TUNABLES") and env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):
+        from scalerun.runtime.malloc import fix_thresholds  # glibc read it as the starter began
+
+        fix_thresholds()
     starter_python_path = os.environ.get("PYTHONPATH", "")
     os.environ.clear()
     os.environ.update(env)
@@ -158,11 +164,12 @@ def _run_file(script: str, args: list[str], env: Mapping[str, str], starter_pyth
     from the real path, the code compiled as the interpreter compiles a script."""
     path = os.path.abspath(script)
     sys.argv[:] = [script, *args]
-    if os.path.isdir(path) or not os.path.isfile(path):  # a folder or zip with __main__.py
+    if not os.path.exists(path):
         _path(os.path.dirname(os.path.realpath(path)), env, starter_python_path)
-        if not os.path.exists(path):
-            sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory\n")
-            raise SystemExit(2)
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory\n")
+        raise SystemExit(2)
+    if os.path.isdir(path) or zipfile.is_zipfile(path):  # a folder or zipapp with __main__.py
+        _path(path, env, starter_python_path)  # python puts the folder or archive itself first
         _fresh_main()
         runpy.run_path(script, run_name="__main__")
         return

@@ -74,7 +74,12 @@ def gpu_opened() -> str | None:
 
 def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """Fork a rank per request and report each end, until the launcher has closed its end
-    and every rank ended: None in the starter, (request, its descriptors) in a child."""
+    and every rank ended: None in the starter, (request, its descriptors) in a child.
+
+    An ended rank is reported but left a zombie until the launcher has read its code and
+    asks for it to be reaped (``{"reap": pid}``): until then its pid and process group
+    stay its own, so a stop that reaches it late (torch elastic's ``killpg``) still finds
+    it, as with ``Popen``, and its pid cannot be given to another process meanwhile."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda _number, _frame: None)
     signal.set_wakeup_fd(wake_w)
@@ -82,49 +87,93 @@ def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     selector.register(control, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     children: dict[int, int] = {}
+    reported: set[int] = set()
     listening = True
     while listening or children:
         for key, _mask in selector.select():
-            if key.fileobj is control:
-                got = wire.receive_request(control)
-                if got is None:
-                    listening = False
-                    selector.unregister(control)
-                    continue
-                request, fds = got
-                pid = os.fork()
-                if pid == 0:
-                    selector.close()
-                    for fd in (wake_r, wake_w):
-                        os.close(fd)
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    return request, fds
-                for fd in fds:
-                    os.close(fd)
-                children[pid] = request["id"]
-                tell(control, wire.event("started", id=request["id"], pid=pid))
-            else:
+            if key.fileobj is not control:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
                         pass
-        reap(children, control)
+                continue
+            got = wire.receive_request(control)
+            if got is None:  # the launcher is done: nobody will ask for the rest
+                listening = False
+                selector.unregister(control)
+                continue
+            request, fds = got
+            if "reap" in request:
+                _reap(int(request["reap"]), children, reported)
+                continue
+            child = fork_rank(request, fds, control, children)
+            if child is not None:
+                selector.close()
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                return child
+        report_ends(children, reported, control)
+        if not listening:
+            for pid in list(reported):
+                _reap(pid, children, reported)
     return None
 
 
-def reap(children: dict[int, int], control: socket.socket) -> None:
-    """Each child that ended, reported with its exit code (negative: the signal)."""
-    while children:
+def fork_rank(request: dict[str, Any], fds: list[int], control: socket.socket,
+              children: dict[int, int]) -> tuple[dict[str, Any], list[int]] | None:
+    """Fork rank ``request``: in the child (its request and descriptors), or None here once
+    the child has its own session and parent-death signal (a stop sent right after
+    ``started`` reaches it), or a ``refused`` event where the kernel refused the fork."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except OSError as error:
+        for fd in (*fds, ready_r, ready_w):
+            os.close(fd)
+        tell(control, wire.event("refused", id=request["id"], reason=f"fork: {error.strerror}"))
+        return None
+    if pid == 0:
+        os.close(ready_r)
+        request["ready_fd"] = ready_w
+        return request, fds
+    os.close(ready_w)
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.read(ready_r, 1)  # the child closes its end once it has its session (or dies)
+    os.close(ready_r)
+    children[pid] = request["id"]
+    tell(control, wire.event("started", id=request["id"], pid=pid))
+    return None
+
+
+def report_ends(children: dict[int, int], reported: set[int], control: socket.socket) -> None:
+    """Each child that ended and was not reported yet, with its exit code (negative: the
+    signal), left unreaped (``WNOWAIT``)."""
+    for pid, rank in list(children.items()):
+        if pid in reported:
+            continue
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            children.clear()
-            return
-        if pid == 0:
-            return
-        rank = children.pop(pid, None)
-        if rank is not None:
-            tell(control, wire.event("ended", id=rank, pid=pid, code=os.waitstatus_to_exitcode(status)))
+            children.pop(pid, None)
+            continue
+        if found is None:
+            continue
+        code = -found.si_status if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else found.si_status
+        reported.add(pid)
+        tell(control, wire.event("ended", id=rank, pid=pid, code=code))
+
+
+def _reap(pid: int, children: dict[int, int], reported: set[int]) -> None:
+    """A reported child, reaped now that the launcher has its code."""
+    if pid not in reported:
+        return
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    reported.discard(pid)
+    children.pop(pid, None)
 
 
 def tell(control: socket.socket, line: bytes) -> None:

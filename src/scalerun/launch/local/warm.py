@@ -68,6 +68,8 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
     words = list(command[1:])
     while words and words[0] == "-u":
         words.pop(0)
+    if words[:2] == ["-m", "scalerun"]:
+        return "each rank starts behind scalerun exec (a command-line profiler goes in front of it)"
     if words[:1] == ["-m"] and len(words) >= 2:
         return PythonProgram(command[0], "module", words[1], tuple(words[2:]))
     if not words or words[0].startswith("-"):
@@ -125,6 +127,10 @@ class Starter:
         self.ready: bool | None = None
         self.failure: str | None = None
         self.lost: str | None = None
+        """The line that says the starter died with ranks still running."""
+        self.gone = False
+        """The starter process has ended (for whatever reason)."""
+        self._refused: dict[int, str] = {}
         self.procs: dict[int, WarmProc] = {}
         self._started: dict[int, int] = {}
         self._next_id = 0
@@ -148,13 +154,24 @@ class Starter:
 
     # --- the launcher's calls ------------------------------------------------------------
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Until the starter has imported its preloads; :class:`Fallback` where it could not."""
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S, stopped: Any = None) -> bool:
+        """Until the starter has imported its preloads: True; False where ``stopped()``
+        became true meanwhile (a signal to the launcher: the starter is killed); raises
+        :class:`Fallback` where it could not."""
+        deadline = time.monotonic() + timeout
         with self.changed:
-            self.changed.wait_for(lambda: self.ready is not None or self.lost is not None, timeout)
+            while self.ready is None and not self.gone and time.monotonic() < deadline:
+                if stopped is not None and stopped():
+                    break
+                self.changed.wait(0.1)
         if self.ready:
-            return
-        reason = self.failure or self.lost or f"the starter said nothing in {timeout:.0f} s"
+            return True
+        if stopped is not None and stopped():
+            self.close(kill=True)
+            return False
+        reason = self.failure or self.lost or (
+            f"the starter (pid {self.proc.pid}) ended before it was ready" if self.gone
+            else f"the starter said nothing in {timeout:.0f} s")
         self.close(kill=True)
         raise Fallback(reason)
 
@@ -164,7 +181,8 @@ class Starter:
         and ``stderr``: None (the launcher's), ``subprocess.PIPE``, ``subprocess.DEVNULL``
         or a file; ``env_fds``: variables that name a descriptor the rank inherits;
         ``binds``: the rank applies its CPU set, memory node and variables itself."""
-        self.wait_ready()
+        if not self.wait_ready():
+            raise Fallback("stopped")
         fds: list[int] = []
         request: dict[str, Any] = {"entry": program.entry, "target": program.target,
                                    "args": list(program.args), "env": dict(env), "binds": binds}
@@ -175,7 +193,7 @@ class Starter:
                 request[key] = "devnull"
             elif where == subprocess.PIPE:
                 read_end, write_end = os.pipe()
-                readers[key] = os.fdopen(read_end, "rb", buffering=0)
+                readers[key] = os.fdopen(read_end, "rb")  # buffered, as Popen's pipes
                 request[key] = len(fds)
                 fds.append(write_end)
                 to_close.append(write_end)
@@ -200,11 +218,12 @@ class Starter:
             for fd in to_close:
                 os.close(fd)
         with self.changed:
-            self.changed.wait_for(lambda: ident in self._started or self.lost is not None)
+            self.changed.wait_for(lambda: ident in self._started or ident in self._refused or self.gone)
             if ident not in self._started:
                 for reader in readers.values():
                     reader.close()
-                raise Fallback(self.lost or "the starter is gone")
+                raise Fallback(self._refused.get(ident) or self.lost
+                               or f"the starter (pid {self.proc.pid}) is gone")
             pid = self._started.pop(ident)
             proc = WarmProc(self, pid, [program.python, program.target, *program.args],
                             readers.get("stdout"), readers.get("stderr"))
@@ -212,13 +231,25 @@ class Starter:
             ended = self._early_ends.pop(ident, None)
             if ended is not None:
                 proc.returncode = ended
+        if ended is not None:
+            self._reap(pid)
         return proc
 
-    def next_end(self, timeout: float = 1.0) -> None:
-        """Wait until a rank ended (or ``timeout``): the direct launcher's watch."""
+    @property
+    def ends(self) -> int:
+        """How many rank ends were reported so far."""
+        return self._ends
+
+    def next_end(self, seen: int, timeout: float = 1.0) -> int:
+        """Wait until more than ``seen`` ends were reported (or ``timeout``): the count now."""
         with self.changed:
-            count = self._ends
-            self.changed.wait_for(lambda: self._ends != count, timeout)
+            self.changed.wait_for(lambda: self._ends != seen, timeout)
+            return self._ends
+
+    def _reap(self, pid: int) -> None:
+        """Let the starter reap a rank whose code is read (it kept it a zombie till now)."""
+        with contextlib.suppress(OSError), self._send_lock:
+            wire.send_request(self.control, {"reap": pid}, [])
 
     def close(self, *, kill: bool = False) -> None:
         """No more ranks: the starter ends once its ranks have (at once with ``kill``)."""
@@ -249,6 +280,8 @@ class Starter:
                 self.ready, self.failure = False, str(message.get("reason"))
             elif kind == "started":
                 self._started[int(message["id"])] = int(message["pid"])
+            elif kind == "refused":
+                self._refused[int(message["id"])] = str(message.get("reason"))
             elif kind == "ended":
                 ident, code = int(message["id"]), int(message["code"])
                 proc = self.procs.get(ident)
@@ -258,11 +291,14 @@ class Starter:
                     proc.returncode = code
                 self._ends += 1
             self.changed.notify_all()
+        if kind == "ended" and proc is not None:
+            self._reap(int(message["pid"]))
 
     def _starter_ended(self) -> None:
         """The starter's end: expected (every rank reported), or a death its ranks follow."""
         code = self.proc.wait()
         with self.changed:
+            self.gone = True
             left = [proc for proc in self.procs.values() if proc.returncode is None]
             if self.ready is None and self.failure is None:
                 self.lost = f"the starter (pid {self.proc.pid}) ended ({describe(code)}) before it was ready"
