@@ -334,3 +334,24 @@ def test_a_signal_while_the_starter_imports_ends_the_launch_at_once(tmp_path: Pa
     assert launcher.returncode == 130 and took < 10, (launcher.returncode, took, err)
     assert "stopped by SIGINT" in err and "starting each rank with exec" not in err
     assert not marker.exists() and not starter.is_running()
+
+
+def test_a_launcher_gone_in_the_middle_of_a_request_ends_the_starter_quietly() -> None:
+    """The launcher's close could cut a reap request in two (seen in a CI run: the starter
+    printed an EOFError traceback into the ranks' output). Now a half request is a
+    launcher gone: the loop ends with nothing to fork and no traceback. In-process: with
+    no request whole, the starter never forks."""
+    import socket as sockets
+
+    from scalerun.launch.local import starter, wire
+
+    ours, theirs = sockets.socketpair()
+    try:
+        sockets.send_fds(ours, [wire.HEADER.pack(100, 0)], [])
+        ours.sendall(b'{"rea')
+        ours.close()
+        assert starter.serve(theirs) is None
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        theirs.close()

@@ -96,7 +96,10 @@ def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
                     while os.read(wake_r, 512):
                         pass
                 continue
-            got = wire.receive_request(control)
+            try:
+                got = wire.receive_request(control)
+            except (EOFError, OSError):  # a launcher gone mid-request is a launcher gone
+                got = None
             if got is None:  # the launcher is done: nobody will ask for the rest
                 listening = False
                 selector.unregister(control)

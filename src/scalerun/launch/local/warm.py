@@ -252,8 +252,10 @@ class Starter:
             wire.send_request(self.control, {"reap": pid}, [])
 
     def close(self, *, kill: bool = False) -> None:
-        """No more ranks: the starter ends once its ranks have (at once with ``kill``)."""
-        with contextlib.suppress(OSError):
+        """No more ranks: the starter ends once its ranks have (at once with ``kill``). Under
+        the send lock: the reader thread may be in the middle of a reap request, and the
+        starter must never see half of one."""
+        with self._send_lock, contextlib.suppress(OSError):
             self.control.shutdown(socket.SHUT_WR)
         if kill and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
