@@ -292,13 +292,12 @@ def run(job: LocalJob) -> tuple[int, str | None]:
 def warm_starter(options: LocalOptions, command: list[str]) -> warm.Starter | None:
     """The node's starter, already importing, where the ranks can start warm; else None,
     with one line saying why (:mod:`.warm`)."""
-    reason = warm.why_not_warm(options.start, command)
-    if reason is not None:
-        warm.say(reason)
-    if options.start != "warm" or reason is not None:
-        return None
+    if options.start != "warm":
+        return None  # asked for: nothing to say
     program = warm.python_program(command)
-    assert isinstance(program, warm.PythonProgram)
+    if isinstance(program, str):
+        warm.say(program)
+        return None
     try:
         return warm.Starter(program.python, options.preload, os.environ)
     except warm.Fallback as fallback:

@@ -8,7 +8,7 @@ elastic's agent use of a ``Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
 ones, and stop them by their sessions as before.
 
 When it does not apply, the launch starts each rank with ``exec`` as before, and one line
-says why (:func:`why_not_warm`, :meth:`Starter.wait_ready`): the program is not a Python
+says why (:func:`python_program`, :meth:`Starter.wait_ready`): the program is not a Python
 script or module, a command-line profiler goes in front of the ranks, the user asked for
 ``--start exec``, a preload does not import, or a preload opened a GPU.
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from scalerun.launch.local import wire
+from scalerun.launch.local.failures import describe_exit
 from scalerun.launch.local.parent_death import ending_with_launcher
 
 MODES = ("warm", "exec")
@@ -75,14 +76,6 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
     if not words or words[0].startswith("-"):
         return f"python is started with {words[0] if words else 'no script'!r}, which the warm start does not take"
     return PythonProgram(command[0], "file", words[0], tuple(words[1:]))
-
-
-def why_not_warm(mode: str, command: Sequence[str]) -> str | None:
-    """None where the ranks of ``command`` can start warm under ``--start MODE``."""
-    if mode == "exec":
-        return None  # asked for: nothing to say
-    found = python_program(command)
-    return found if isinstance(found, str) else None
 
 
 class WarmProc:
@@ -303,10 +296,10 @@ class Starter:
             self.gone = True
             left = [proc for proc in self.procs.values() if proc.returncode is None]
             if self.ready is None and self.failure is None:
-                self.lost = f"the starter (pid {self.proc.pid}) ended ({describe(code)}) before it was ready"
+                self.lost = f"the starter (pid {self.proc.pid}) ended ({describe_exit(code)}) before it was ready"
             elif left:
                 self.lost = (f"scalerun launch: error: the warm starter (pid {self.proc.pid}) died "
-                             f"({describe(code)}); its {len(left)} running rank(s) were stopped")
+                             f"({describe_exit(code)}); its {len(left)} running rank(s) were stopped")
             self.changed.notify_all()
         if left:
             stop_left(left)
@@ -332,27 +325,14 @@ def stop_left(procs: Sequence[WarmProc]) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Running (a zombie that no one reaped yet has ended)."""
+    """Running (a zombie that no one reaped yet has ended). Only a lost starter's ranks
+    are asked, so psutil is imported here, not at every launch."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
-def describe(code: int) -> str:
-    """``SIGKILL`` for a negative code, ``exit code N`` otherwise."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return signal.Signals(-code).name
-        return f"signal {-code}"
-    return f"exit code {code}"
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def say(line: str) -> None:
