@@ -3,6 +3,11 @@
 The processes are started the way a launcher would: each gets RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT, then calls ``scalerun.init()``, which
 must find its place and join the group by itself.
+
+They are forked by multiprocessing's forkserver, which imported torch and scalerun once
+for the whole test session (:data:`PRELOAD`): a spawned rank imported torch again each
+time, 2-3 s of CPU per rank, ~70 ranks a suite (issue 28). Each rank gets the test's
+environment as it is when the ranks start, as a spawned process would.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 TIMEOUT_S = 120
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "scalerun", "scalerun.runtime.init", "tests.ranks"]
+"""What the forkserver imports once, before it forks any rank."""
 
 
 def free_port() -> int:
@@ -23,7 +30,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any,
+            environ: dict[str, str]) -> None:
+    os.environ.clear()  # the test's environment, not the forkserver's (it started earlier)
+    os.environ.update(environ)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -36,8 +46,11 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: 
         SCALERUN_TIMEOUT="60",
     )
     try:
+        import torch
+
         import scalerun
 
+        torch.set_num_threads(1)  # OpenMP read its variables when the forkserver imported torch
         ctx = scalerun.init()
         result = fn(ctx, *args)
         scalerun.shutdown()
@@ -52,11 +65,13 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout_s: float | None = No
     ``timeout_s``: how long to wait for each rank's result (default ``TIMEOUT_S``; more
     ranks than cores, each starting several DeepSpeed engines, need more).
     """
-    context = mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (once)
     queue = context.Queue()
     port = free_port()
+    environ = dict(os.environ)
     procs = [
-        context.Process(target=_worker, args=(rank, world, port, fn, args, queue))
+        context.Process(target=_worker, args=(rank, world, port, fn, args, queue, environ))
         for rank in range(world)
     ]
     for proc in procs:

@@ -251,6 +251,7 @@ def test_inside_a_batch_script_scalerun_launch_runs_the_step(slurm_cluster, tmp_
             "2",
             "--cpus-per-task",
             str(cpus),
+            "--no-check",  # the check's own tests: test_the_check_runs_first_..., srun and torchrun modes
             "--run-dir",
             str(tmp_path / "inner"),
             PROBE,
@@ -309,6 +310,7 @@ def test_a_failing_rank_is_named_with_its_node(slurm_cluster, tmp_path, mode):
         mode,
         "--env",
         "PROBE_FAIL_RANK=3",
+        "--no-check",
         "--wait",
         "--run-dir",
         str(tmp_path),
@@ -327,6 +329,7 @@ def test_hostile_arguments_reach_every_rank_unchanged(slurm_cluster, tmp_path):
         "2",
         "--gpus-per-node",
         "2",
+        "--no-check",
         "--wait",
         "--run-dir",
         str(tmp_path),

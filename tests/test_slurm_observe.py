@@ -49,7 +49,7 @@ def train_script(tmp_path: Path) -> Path:
 
 def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(slurm_cluster, tmp_path):
     run = tmp_path / "run"
-    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait", "--no-check",
                     "--run-dir", str(run), "--monitor-interval", "0.5", "--env", "SCALERUN_MAX_STEPS=40",
                     str(train_script(tmp_path)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
@@ -92,7 +92,7 @@ def test_a_straggler_on_the_second_node_is_named_once_by_the_first_nodes_sampler
     script = tmp_path / "slowed.py"
     script.write_text(textwrap.dedent(SLOWED))
     run = tmp_path / "run"
-    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait",
+    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait", "--no-check",
                     "--run-dir", str(run), "--monitor-interval", "0.5", str(script),
                     "300", "3", "20", "100000", "0.03")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr

@@ -25,7 +25,7 @@ def launch(slurm_cluster, tmp_path, *flags: str) -> tuple[subprocess.CompletedPr
     # from tmp_path: MLflow's default experiment keeps artifacts under ./mlruns of rank 0
     done = subprocess.run(
         [sys.executable, "-m", "scalerun", "launch", "--nodes", "2", "--gpus-per-node", "1", *flags,
-         "--run-dir", str(tmp_path / "run"), "--no-monitor", "--track", "mlflow",
+         "--no-check", "--run-dir", str(tmp_path / "run"), "--no-monitor", "--track", "mlflow",
          "--env", "SCALERUN_MAX_STEPS=10", str(train_script(tmp_path))],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
         env={**slurm_cluster.env, "MLFLOW_TRACKING_URI": uri})

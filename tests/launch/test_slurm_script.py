@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -742,3 +743,20 @@ def test_launch_hands_the_secret_to_sbatch(tmp_path, monkeypatch, capsys):
     refused = ["launch", "--nodes", "1", "--env", "HF_TOKEN=x", "--sbatch-arg=--export=NONE",
                "--run-dir", str(run_dir), probe]
     assert main(refused) == 2 and "add HF_TOKEN (or ALL) to --export" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("start", "agent"), [("warm", "scalerun.launch.local.elastic_run"),
+                                              ("exec", "torch.distributed.run")])
+def test_the_torchrun_mode_check_starts_as_the_training_does(start, agent):
+    """The job's check (``python -c`` of the doctor) under torchrun mode: with the warm start
+    its ranks are forked by the node's agent too (issue 28), else torchrun execs them."""
+    res = Resources(job_name="x", nodes=2, ntasks_per_node=1, gpus_per_node=8, cpus_per_task=56)
+    job = lumi_job(resources=res, mode="torchrun", container=None, task_env=(), script_args=(), start=start,
+                   check=True)
+    script = render_sbatch(job)
+    check = script.split("# --- check every rank first")[1].split(") || check=$?")[0]
+    words = shlex.split(check.replace("\\\n", " ").split("--torchrun-agent --", 1)[1].split("'import sys", 1)[0])
+    assert words[:3] == ["python", "-m", agent]
+    assert words[-3:] == ["--no-python", "python", "-c"]
+    training = script.split(") || check=$?")[1]
+    assert f"-m {agent} " in training

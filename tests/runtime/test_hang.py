@@ -422,7 +422,7 @@ def test_a_hang_on_slurm_is_explained_by_launch_wait(slurm_cluster, tmp_path):
     script.write_text(textwrap.dedent(HANGING))
     run = tmp_path / "run"
     done = subprocess.run([*SCALERUN, "launch", "--nodes", "2", "--nproc-per-node", "1",
-                           "--hang-timeout", "10", "--wait", "--run-dir", str(run), str(script)],
+                           "--hang-timeout", "10", "--no-check", "--wait", "--run-dir", str(run), str(script)],
                           cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     first, second = done.stderr.strip().splitlines()[-2:]

@@ -133,9 +133,10 @@ def run(args: argparse.Namespace) -> int:
         return rank.run(options)
     if way == "slurm":
         return submit(args, options)
-    from scalerun.needs_torch import import_torch
+    from scalerun.needs_torch import check_torch
 
-    import_torch("the doctor's checks of this machine (it runs them as ranks here)")
+    # the ranks import torch, not this launcher (one rank runs here and imports it then)
+    check_torch("the doctor's checks of this machine (it runs them as ranks here)")
     nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
     if nproc < 1:
         raise DoctorError(f"--nproc-per-node {nproc} starts no rank; give 1 or more")

@@ -289,9 +289,10 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     return 0, None
 
 
-def warm_starter(options: LocalOptions, command: list[str]) -> warm.Starter | None:
+def warm_starter(options: LocalOptions, command: list[str], *, here: bool = False) -> warm.Starter | None:
     """The node's starter, already importing, where the ranks can start warm; else None,
-    with one line saying why (:mod:`.warm`)."""
+    with one line saying why (:mod:`.warm`). ``here``: a process that imported torch
+    already (torch elastic's agent) forks it where it can (:class:`.warm.Starter`)."""
     if options.start != "warm":
         return None  # asked for: nothing to say
     program = warm.python_program(command)
@@ -299,7 +300,7 @@ def warm_starter(options: LocalOptions, command: list[str]) -> warm.Starter | No
         warm.say(program)
         return None
     try:
-        return warm.Starter(program.python, options.preload, os.environ)
+        return warm.Starter(program.python, options.preload, os.environ, here=here)
     except warm.Fallback as fallback:
         warm.say(str(fallback))
         return None

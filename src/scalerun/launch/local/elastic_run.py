@@ -6,14 +6,15 @@ Why: SLURM's torchrun mode runs one torch elastic agent per node (the course's
 so each imported torch on its own. Here the agent is torch's own, unchanged (its
 rendezvous, restarts and stops), and only its ``Popen`` is the warm starter's
 (:func:`scalerun.launch.local.start.ranks_ending_with_agent`); restarts are forked from the
-same starter. The job script names it in place of ``torch.distributed.run``
+same starter, which is forked from this process once it has imported torch (one import of
+torch per node, not one for the agent and one for the starter). The job script names it in place of ``torch.distributed.run``
 (:mod:`scalerun.launch.slurm.render`) for ``--start warm``, the default.
 
 Its own words come first and start with ``--scalerun-``: ``--scalerun-preload=MOD[,MOD]``
 (``--preload``) and ``--scalerun-binds`` (the ranks run a program without ``init()``: each
 applies its CPU set, memory node and variables itself, as ``scalerun exec --bind`` in front
-of it did). Anything the starter cannot fork starts as torchrun would start it, with one
-line saying why.
+of it did). ``--no-python python -c CODE`` (the job's check) starts warm too. Anything
+the starter cannot fork starts as torchrun would start it, with one line saying why.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def main(argv: list[str] | None = None) -> None:
 
     preload, binds, rest = own_words(list(sys.argv[1:] if argv is None else argv))
     args = torchrun.parse_args(rest)
-    command = [] if args.no_python else [
+    command = [args.training_script, *args.training_script_args] if args.no_python else [
         sys.executable, "-u", *(["-m"] if args.module else []), args.training_script]
-    starter = warm_starter(LocalOptions(start="warm", preload=preload), command) if command else None
+    # forked from this process, which imported torch for the agent: one import per node
+    starter = warm_starter(LocalOptions(start="warm", preload=preload), command, here=True)
     try:
         with start.ranks_ending_with_agent(starter, child_binds=binds) as hooked:
             if binds and not hooked:  # this torch starts ranks some other way: exec binds them

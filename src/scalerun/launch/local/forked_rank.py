@@ -33,16 +33,20 @@ What stays different from a fresh interpreter is listed in docs/guide.md ("Warm 
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import contextlib
 import importlib.machinery
 import io
 import os
 import runpy
+import signal
 import sys
+import threading
 import types
 import zipfile
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 OWN_FILES = frozenset(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                       for name in ("forked_rank.py", "starter.py"))
@@ -77,8 +81,51 @@ def become(request: dict[str, Any], fds: list[int], *, starter: int) -> None:
     sys.excepthook = _trimmed(sys.excepthook)
     if request["entry"] == "module":
         _run_module(request["target"], request["args"], env, starter_python_path)
+    elif request["entry"] == "code":
+        _run_code(request["target"], request["args"], env, starter_python_path)
     else:
         _run_file(request["target"], request["args"], env, starter_python_path)
+
+
+def end_as_interpreter(run: Callable[[], None]) -> NoReturn:
+    """Run ``run`` (a rank's whole life) and end this process as the interpreter ends a
+    program that returned or raised: the exit code of ``SystemExit`` (a message on stderr
+    and 1 for any other value), an uncaught exception through ``sys.excepthook`` and 1,
+    ``KeyboardInterrupt`` as death by SIGINT; then non-daemon threads joined, ``atexit``
+    run, the streams flushed. For a starter forked from its launcher: the launcher's
+    frames below this one never see the rank's end."""
+    interrupted = False
+    try:
+        run()
+        code = 0
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException as error:  # noqa: BLE001 - the interpreter's last word, as python's
+        interrupted = isinstance(error, KeyboardInterrupt)
+        sys.excepthook(type(error), error, error.__traceback__)
+        code = 1
+    with contextlib.suppress(BaseException):  # a thread that fails to join: go on ending
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx waits for first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 128 + signal.SIGINT
+    os._exit(code)
+
+
+def _exit_code(value: object) -> int:
+    """The status python exits with for ``SystemExit(value)``."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    with contextlib.suppress(Exception):
+        print(value, file=sys.stderr, flush=True)
+    return 1
 
 
 def _end_with(starter: int) -> None:
@@ -191,6 +238,17 @@ def _run_module(name: str, args: list[str], env: Mapping[str, str], starter_pyth
     sys.argv[:] = ["-m", *args]
     _fresh_main()
     runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def _run_code(code: str, args: list[str], env: Mapping[str, str], starter_python_path: str) -> None:
+    """``python -c CODE ARGS``: ``sys.argv[0]`` is ``-c``, ``sys.path[0]`` the empty string
+    (the current folder), the code compiled as ``<string>``."""
+    _path("", env, starter_python_path)
+    sys.argv[:] = ["-c", *args]
+    main = _fresh_main()
+    main.__spec__ = None
+    main.__package__ = None
+    exec(compile(code, "<string>", "exec", dont_inherit=True), main.__dict__)  # noqa: S102
 
 
 def _trimmed(hook: Any) -> Any:

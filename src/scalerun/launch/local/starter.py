@@ -29,7 +29,7 @@ import selectors
 import signal
 import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from scalerun.launch.local import wire
 
@@ -194,6 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     if failure is not None:
         tell(control, wire.event("failed", reason=failure))
         return
+    serve_ranks(control)
+
+
+def serve_ranks(control: socket.socket) -> None:
+    """Tell the launcher we are ready, then fork its ranks until it is done: the starter
+    ends here; a forked child returns once it has run its rank's program to its end."""
     sys.stdout.flush()
     sys.stderr.flush()
     # the preloaded objects out of the collector's reach: a collection in a rank would
@@ -210,6 +216,15 @@ def main(argv: list[str] | None = None) -> None:
     from scalerun.launch.local.forked_rank import become
 
     become(*got, starter=starter)
+
+
+def serve_forked(control: socket.socket) -> NoReturn:
+    """:func:`serve_ranks` in a starter forked from its launcher (an agent that has imported
+    torch already, :class:`.warm.Starter` with ``here``): its ranks then end as an
+    interpreter ends, never back in the launcher's frames, which are still on this stack."""
+    from scalerun.launch.local.forked_rank import end_as_interpreter
+
+    end_as_interpreter(lambda: serve_ranks(control))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class PythonProgram:
 
     python: str
     entry: str
-    """``file`` or ``module``."""
+    """``file``, ``module`` or ``code`` (``python -c CODE``)."""
     target: str
     args: tuple[str, ...]
 
@@ -73,6 +73,8 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
         return "each rank starts behind scalerun exec (a command-line profiler goes in front of it)"
     if words[:1] == ["-m"] and len(words) >= 2:
         return PythonProgram(command[0], "module", words[1], tuple(words[2:]))
+    if words[:1] == ["-c"] and len(words) >= 2:
+        return PythonProgram(command[0], "code", words[1], tuple(words[2:]))
     if not words or words[0].startswith("-"):
         return f"python is started with {words[0] if words else 'no script'!r}, which the warm start does not take"
     return PythonProgram(command[0], "file", words[0], tuple(words[1:]))
@@ -110,10 +112,48 @@ class WarmProc:
         self.send_signal(signal.SIGKILL)
 
 
+class ForkedStarter:
+    """A starter forked from this process (:meth:`Starter._fork_here`), with what the
+    launcher uses of its ``Popen``: ``pid``, ``poll``, ``wait``, ``kill``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    done, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: its code is lost
+                    done, status = self.pid, 0
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
 class Starter:
     """One node's starter process, and the ranks it forked for this launcher."""
 
-    def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str], *,
+                 here: bool = False) -> None:
+        """Start the starter: ``python -u -m scalerun.launch.local.starter``, or with
+        ``here`` forked from this process (:meth:`_fork_here`) where it can be."""
         ours, theirs = socket.socketpair()
         self.control = ours
         self.changed = threading.Condition()
@@ -132,6 +172,15 @@ class Starter:
         self._early_ends: dict[int, int] = {}
         """Ends reported before :meth:`popen` made the rank's :class:`WarmProc`."""
         self._send_lock = threading.Lock()
+        forked = self._fork_here(python, preload, ours, theirs) if here else None
+        if forked is not None:
+            self.proc: subprocess.Popen[bytes] | ForkedStarter = forked
+            self.here = True
+            theirs.close()
+            self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
+            self.reader.start()
+            return
+        self.here = False
         try:
             self.proc = subprocess.Popen(
                 [python, "-u", "-m", "scalerun.launch.local.starter", *preload],
@@ -144,6 +193,38 @@ class Starter:
             theirs.close()
         self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
         self.reader.start()
+
+    @staticmethod
+    def _fork_here(python: str, preload: Sequence[str], ours: socket.socket,
+                   theirs: socket.socket) -> ForkedStarter | None:
+        """The starter as a fork of this process, which has imported torch already (torch
+        elastic's agent does): one import of torch per node instead of two. Only for the
+        default preloads (a user's module might open a GPU, here in the agent), the same
+        python, and while this process has one thread; else None (start it with exec)."""
+        if preload or os.path.realpath(python) != os.path.realpath(sys.executable):
+            return None
+        from scalerun.launch.local import starter
+
+        if starter.preload([]) is not None or threading.active_count() != 1:
+            return None
+        set_in_child = ending_with_launcher()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            return None
+        if pid == 0:  # the starter: never back into this process's frames
+            try:
+                ours.close()
+                os.setsid()
+                if set_in_child is not None:
+                    set_in_child()
+                _handlers_as_exec()
+                starter.serve_forked(theirs)
+            finally:
+                os._exit(70)
+        return ForkedStarter(pid)
 
     # --- the launcher's calls ------------------------------------------------------------
 
@@ -308,6 +389,19 @@ class Starter:
                     proc.returncode = code if code < 0 else -signal.SIGTERM
                 self._ends += 1
                 self.changed.notify_all()
+
+
+def _handlers_as_exec() -> None:
+    """Python's signal handlers as a process started with exec has them: the launcher's own
+    (a stop it forwards to its ranks) would run in the starter otherwise. Ignored signals
+    stay ignored, as across exec."""
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except ValueError:
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
 def stop_left(procs: Sequence[WarmProc]) -> None:

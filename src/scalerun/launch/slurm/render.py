@@ -43,7 +43,7 @@ def program_words(job: SlurmJob) -> list[Word]:
         "executable": ["--no-python", job.script],
     }[job.entry]
     agent: list[Word] = ["-m", "torch.distributed.run"]
-    if job.start == "warm" and job.entry != "executable":
+    if job.start == "warm" and (job.entry != "executable" or python_code(job)):
         # the node's ranks forked from one starter (restarts too); a program that does not
         # bind itself is bound by each forked rank, as scalerun exec --bind would
         agent = ["-m", "scalerun.launch.local.elastic_run",
@@ -65,6 +65,11 @@ def program_words(job: SlurmJob) -> list[Word]:
         *torchrun_target,
         *job.script_args,
     ]
+
+
+def python_code(job: SlurmJob) -> bool:
+    """The job's program is ``python -c CODE`` (the check): the warm start takes it too."""
+    return job.entry == "executable" and job.script == job.python and job.script_args[:1] == ("-c",)
 
 
 def exec_wrapper_words(job: SlurmJob, python: str | None = None) -> list[Word]:
