@@ -108,3 +108,18 @@ def test_entry_modules_answer_a_mistake_with_one_line_and_exit_2(tmp_path, modul
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_run_dir_is_refused_in_one_line(tmp_path, monkeypatch, capsys, value) -> None:
+    """``--run-dir "$UNSET"`` would put the run's files in the working folder, over a
+    ``run.json`` there (issue 34): one line, exit 2, nothing written."""
+    from scalerun.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["launch", "--run-dir", value, "train.py"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --run-dir: is empty (an unset variable?)" in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())

@@ -161,7 +161,9 @@ def test_a_run_killed_halfway_still_gives_a_report(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flags", "message"), [
     (("--profile-ranks", "one"), "--profile-ranks 'one' is not a list of ranks"),
-    (("--monitor-interval", "0"), "--monitor-interval 0.0 must be a positive number"),
+    (("--monitor-interval", "0"), "--monitor-interval 0 must be from 0.05 to 3600 seconds"),
+    (("--monitor-interval", "1e-9"), "--monitor-interval 1e-09 must be from 0.05 to 3600 seconds"),
+    (("--monitor-interval", "inf"), "--monitor-interval inf must be from 0.05 to 3600 seconds"),
     (("--debug", "gdb"), "--debug 'gdb' is not one of nccl, miopen, hip, all"),
 ])
 def test_bad_observe_flags_are_one_line(tmp_path: Path, flags, message) -> None:
@@ -198,3 +200,16 @@ def test_debug_switches_reach_every_rank_and_their_logs_are_read_after(tmp_path:
     findings = [line for line in done.stderr.splitlines() if "log(s)" in line or "NCCL/RCCL" in line]
     assert findings[0].startswith("scalerun launch: NCCL/RCCL logs: 2 file(s)")
     assert any("TCP sockets" in line and "nmn0" in line for line in findings), findings
+
+
+def test_the_report_hint_pastes_into_a_shell_whatever_the_folder_is_called(tmp_path: Path) -> None:
+    """The closing summary's last line is a command: a run directory with spaces or quotes
+    is quoted in it (issue 34)."""
+    import shlex
+
+    from scalerun.launch.observe import closing_summary
+
+    run = tmp_path / "my run's dir"
+    run.mkdir()
+    hint = closing_summary(run)[-1]
+    assert shlex.split(hint) == ["report:", "scalerun", "report", str(run)]

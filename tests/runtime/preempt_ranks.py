@@ -73,7 +73,8 @@ def refusals(directory: str) -> dict[str, Any]:
     scalerun.init()
     root = Path(directory)
     results = {}
-    for case in ("other_model", "truncated", "missing_rank", "bad_meta", "fresh_start"):
+    for case in ("other_model", "truncated", "missing_rank", "bad_meta", "bit_rot", "null_world", "text_step",
+                 "huge_world", "fresh_start"):
         model, loader = build(scalerun.context(), "ddp", {"accumulation": 1}, seed=0)
         if case == "other_model":
             net = TinyNet(width=8)

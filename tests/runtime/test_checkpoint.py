@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -138,19 +139,34 @@ def test_a_crash_while_replacing_the_same_step_keeps_the_old_copy(tmp_path) -> N
 
 
 def test_folders_that_cannot_be_resumed_are_refused_in_one_line(tmp_path: Path) -> None:
-    """Truncated, another model's, incomplete for its world size, not scalerun's: each is one
-    line naming the file; and a fresh start never writes into a folder it did not load."""
+    """Truncated, damaged inside (bit rot: only meta.json's sha256 table finds it), another
+    model's, incomplete for its world size, not scalerun's, a meta.json with impossible
+    values: each is one line naming the file; and a fresh start never writes into a folder
+    it did not load."""
     source = helper_run(tmp_path, "source")
     assert source.returncode == 0, source.stdout
     good = tmp_path / "good" / "step-00000002"
     cases = {name: tmp_path / name / good.name for name in
-             ("other_model", "truncated", "missing_rank", "bad_meta")}
+             ("other_model", "truncated", "missing_rank", "bad_meta", "bit_rot", "null_world", "text_step",
+              "huge_world")}
     for folder in cases.values():
         shutil.copytree(good, folder)
     model_file = cases["truncated"] / "model.pt"
     model_file.write_bytes(model_file.read_bytes()[: model_file.stat().st_size // 2])
     (cases["missing_rank"] / "rank-00000.pt").unlink()
     (cases["bad_meta"] / "meta.json").write_text('{"format": 1, "step": ')
+    # 64 bytes flipped inside the weights: the zip stays whole, only the checksum sees it
+    rotten = cases["bit_rot"] / "model.pt"
+    data = bytearray(rotten.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    rotten.write_bytes(bytes(data))
+    assert zipfile.ZipFile(rotten).testzip() is not None  # the damage is inside an entry
+    for case, key, value in (("null_world", "world_size", None), ("text_step", "step", "three"),
+                             ("huge_world", "world_size", 10**9)):
+        meta = json.loads((cases[case] / "meta.json").read_text())
+        meta[key] = value
+        (cases[case] / "meta.json").write_text(json.dumps(meta))
 
     done = helper_run(tmp_path, "refusals")
     assert done.returncode == 0, done.stdout
@@ -160,6 +176,10 @@ def test_folders_that_cannot_be_resumed_are_refused_in_one_line(tmp_path: Path) 
         "truncated": (f"{model_file} is truncated", f"remove {cases['truncated']}"),
         "missing_rank": (f"{cases['missing_rank'] / 'rank-00000.pt'} is missing", "1 rank(s) saved"),
         "bad_meta": (f"{cases['bad_meta'] / 'meta.json'} is truncated", "not a checkpoint's meta.json"),
+        "bit_rot": (f"{rotten} is damaged: its content differs from the save's", f"remove {cases['bit_rot']}"),
+        "null_world": (f"{cases['null_world'] / 'meta.json'} is damaged: its world_size is null", "from 1 to"),
+        "text_step": (f"{cases['text_step'] / 'meta.json'} is damaged: its step is \"three\"", ">= 0"),
+        "huge_world": (f"{cases['huge_world'] / 'meta.json'} is damaged: its world_size is 1000000000", "from 1 to"),
         "fresh_start": (f"{tmp_path / 'good'} holds checkpoint step-00000002, which this run did not "
                         "resume from", "scalerun.checkpoint.load"),
     }

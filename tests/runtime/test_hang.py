@@ -22,6 +22,7 @@ from scalerun.launch.local.tail import tail_whole_lines
 from scalerun.launch.slurm.render import program_words
 from scalerun.netconf.decide import RankFacts, decide_environment
 from scalerun.plan.launch import rank_environment
+from scalerun.rundir import read_jsonl
 from scalerun.runtime import hang, stacks
 from scalerun.runtime.init import _timeout
 from scalerun.sites.profile import RuntimeDefaults, SiteProfile, build
@@ -49,6 +50,7 @@ def test_overdue(last, now, timeout, expected):
 
 @pytest.mark.parametrize(("text", "expected"), [
     (None, None), ("", None), ("0", None), ("20", 20.0), (" 1800 ", 1800.0), ("2.5", 2.5),
+    ("inf", None), ("1e9", 1e9),  # inf: never, as 0 (issue 34)
 ])
 def test_hang_timeout_variable(text, expected):
     environ = {} if text is None else {"SCALERUN_HANG_TIMEOUT": text}
@@ -57,7 +59,7 @@ def test_hang_timeout_variable(text, expected):
 
 @pytest.mark.parametrize(("text", "message"), [
     ("soon", "is not a number of seconds"), ("-5", "must be 0 .off. or more"),
-    ("nan", "must be 0 .off. or more"),
+    ("nan", "must be 0 .off. or more"), ("1e10", "is more than 1e.09 seconds; give 0 or inf"),
 ])
 def test_a_bad_hang_timeout_variable_is_one_line(text, message):
     with pytest.raises(ScalerunError, match=message):
@@ -109,6 +111,23 @@ def test_local_precedence_flag_shell_site(flag, environ, site, expected):
 def test_a_negative_flag_is_refused():
     with pytest.raises(LaunchError, match="--hang-timeout -1 must be 0"):
         local_job(hang_timeout=-1.0)
+
+
+def test_an_endless_flag_means_never_and_a_huge_one_is_refused():
+    """``--hang-timeout inf`` reaches the ranks as ``inf``, which turns the watchdog off; a
+    finite value past what Python's waits hold is one line (issue 34: a traceback in every
+    rank's init)."""
+    added = rank_environment(local_job(hang_timeout=float("inf")).env, {})
+    assert added["SCALERUN_HANG_TIMEOUT"] == "inf" and hang.timeout_from_env(added) is None
+    with pytest.raises(LaunchError, match="--hang-timeout 1e.10 is more than 1e.09 seconds; give 0 or inf"):
+        local_job(hang_timeout=1e10)
+
+
+@pytest.mark.parametrize("value", ["inf", "1e10", "0", "-3"])
+def test_a_collective_timeout_past_what_torch_holds_is_one_line(monkeypatch, value):
+    monkeypatch.setenv("SCALERUN_TIMEOUT", value)
+    with pytest.raises(ScalerunError, match="must be a positive number of seconds, at most 1e.09"):
+        _timeout(None)
 
 
 def slurm_job(tmp_path: Path, *flags: str, site: str = "local"):
@@ -373,6 +392,11 @@ def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
     assert len(verdicts) == 1 and "no problem found" not in done.stderr  # the hang is the verdict
     assert verdicts[0].startswith("scalerun launch: verdict: hang: no progress for 10 s")
     assert header(run / "stacks" / "rank-1.txt")["step"] == 3
+    # the step log's held records were written before the ranks ended: each rank's log
+    # ends at its last step, the one closest to the hang (issue 34)
+    for rank in (0, 1):
+        steps = [r["step"] for r in read_jsonl(run / "steps" / f"rank-{rank}.jsonl") if r.get("kind") == "step"]
+        assert steps == [1, 2, 3], (rank, steps)
     print(f"hang test: {elapsed:.1f} s end to end")
 
 

@@ -226,8 +226,16 @@ def add_container_arguments(parser: argparse.ArgumentParser) -> None:
                      help="default: whichever is on PATH, else the site's")
 
 
+def run_dir_path(text: str) -> Path:
+    """``--run-dir``'s value: an empty one (an unset shell variable) would be the working
+    folder, whose ``run.json`` the launch would overwrite, so it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?): give the folder for the run's files")
+    return Path(text)
+
+
 def add_run_dir_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--run-dir", type=Path,
+    parser.add_argument("--run-dir", type=run_dir_path,
                         help="where the step logs, monitor samples, profiles and job files go "
                         f"(default runs/NAME-TIME, or ${variables.RUNS}/NAME-TIME)")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -248,7 +249,7 @@ def closing_summary(run_dir: Path, ended: str | None = None, since: float = 0.0)
     else:
         summary = summary_lines(run_dir, ended=ended)
     return [*summary, *straggler_lines(run_dir, since), *findings(run_dir),
-            f"report: scalerun report {run_dir}"]
+            f"report: scalerun report {shlex.quote(str(run_dir))}"]  # pasted into a shell as printed
 
 
 MAX_EVENT_LINES = 6

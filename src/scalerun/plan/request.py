@@ -29,6 +29,14 @@ from scalerun.errors import LaunchError
 from scalerun.plan.knobs import Knobs
 from scalerun.sites.profile import ENV_NAME_RE
 
+MIN_MONITOR_INTERVAL_S = 0.05
+MAX_MONITOR_INTERVAL_S = 3600.0
+"""``--monitor-interval`` bounds: the node sampler reads every GPU and the step logs each
+interval; 1e-9 s busy-looped it (about 1.4 GB of samples an hour) and ``inf`` took none."""
+MAX_TIMEOUT_S = 1e9
+"""The longest finite timeout taken, hang or collective (about 31 years): Python's waits
+and torch's timeouts overflow past ~9e9 s. A hang timeout of ``inf`` means never, as 0 does."""
+
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 """A dotted module name, as ``--preload`` takes them."""
 
@@ -88,9 +96,11 @@ class ObserveRequest:
     def __post_init__(self) -> None:
         if self.profile_ranks is not None:
             profile.parse_ranks(self.profile_ranks)
-        if not self.monitor_interval > 0:
+        if not MIN_MONITOR_INTERVAL_S <= self.monitor_interval <= MAX_MONITOR_INTERVAL_S:
             raise LaunchError(
-                f"--monitor-interval {self.monitor_interval} must be a positive number of seconds")
+                f"--monitor-interval {self.monitor_interval:g} must be from {MIN_MONITOR_INTERVAL_S:g} to "
+                f"{MAX_MONITOR_INTERVAL_S:g} seconds (a smaller one busy-loops the sampler, a larger "
+                "one takes no sample); --no-monitor turns it off")
         unknown = [kind for kind in self.debug if kind not in DEBUG_KINDS]
         if unknown:
             raise LaunchError(f"--debug {unknown[0]!r} is not one of {', '.join(DEBUG_KINDS)}, all")
@@ -264,6 +274,9 @@ class LaunchRequest:
         if self.hang_timeout is not None and not self.hang_timeout >= 0:
             raise LaunchError(
                 f"--hang-timeout {self.hang_timeout:g} must be 0 (never) or a number of seconds")
+        if self.hang_timeout is not None and MAX_TIMEOUT_S < self.hang_timeout < float("inf"):
+            raise LaunchError(f"--hang-timeout {self.hang_timeout:g} is more than {MAX_TIMEOUT_S:g} "
+                              "seconds; give 0 or inf for never")
         for name, _ in self.env:
             if not ENV_NAME_RE.fullmatch(name):
                 raise LaunchError(f"--env {name!r} is not a valid environment variable name")

@@ -6,7 +6,8 @@ replicated strategies, DCP shards for FSDP, DeepSpeed's own format for ZeRO)::
 
     <path>/latest                 name of the last complete checkpoint (replaced atomically)
     <path>/step-00000120/         one complete checkpoint
-        meta.json                 step, strategy, world size, loader position (written last)
+        meta.json                 step, strategy, world size, loader position, and every
+                                  other file's size and sha256 (written last)
         loop.pt                   scheduler, gradient scaler, step counters, user's extra
         rank-00000.pt ...         per-rank RNG states (torch, CUDA, numpy, random, loader)
         model.pt optimizer.pt | dcp/ | deepspeed/   the strategy's files
@@ -18,9 +19,9 @@ checkpoint whole and pointed to. Every rank must call :func:`save` and :func:`lo
 (they are collectives), and ``path`` must be on a file system all ranks share.
 
 A folder is never silently skipped nor overwritten: :func:`load` refuses, in one line
-naming the file, a checkpoint that is truncated, from another model (the parameters'
-names and shapes are in meta.json) or that this run's strategy cannot load at its world
-size; :func:`save` refuses a folder holding checkpoints that this process did not load
+naming the file, a checkpoint that is truncated or damaged (a file whose sha256 differs
+from the save's), from another model (the parameters' names and shapes are in meta.json)
+or that this run's strategy cannot load at its world size; :func:`save` refuses a folder holding checkpoints that this process did not load
 from (:func:`refuse_foreign`), so a fresh start never writes over another run.
 
 Checkpoint files are pickles: load only checkpoints you trust.
@@ -65,6 +66,13 @@ META = "meta.json"
 LOOP = "loop.pt"
 FORMAT_VERSION = 1
 META_KEYS = ("format", "step", "strategy", "checkpoint_format", "world_size")
+FILES = "files"
+"""meta.json's table of every other file of the checkpoint: its size and sha256, written at
+the save and compared at the load, so that damage anywhere (bit rot, a bad copy) is refused,
+not loaded (a torch file's own check reads only its zip directory)."""
+MAX_WORLD_SIZE = 1 << 20
+"""A world size meta.json may name: more is damage, not a job."""
+CHUNK = 1 << 20
 
 _owned: set[Path] = set()
 """Checkpoint folders this process loaded from (or found empty) or saved into."""
@@ -210,6 +218,7 @@ def save(
     barrier()
     if ctx.rank == 0:
         torch.save(_loop_state(state, wrapped, extra), temporary / LOOP)
+        meta[FILES] = checksums(temporary)  # every rank's files are written (the barrier above)
         _write_json(temporary / META, meta)
         final = _publish(root, temporary, step_name(step))
         _prune(root, keep_last, final)
@@ -344,6 +353,22 @@ def _loop_state(state: Strategy, wrapped: Wrapped | None, extra: Any) -> dict[st
     if scaler is not None:
         loop["scaler"] = scaler.state_dict()
     return loop
+
+
+def checksums(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under ``directory`` but meta.json, by relative path."""
+    table: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != META):
+        table[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+    return table
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -517,6 +542,7 @@ def check_checkpoint(directory: Path, state: Strategy) -> dict[str, Any]:
     meta = read_meta(directory)
     _check_format(meta, state, directory)
     _check_files(directory, meta)
+    _check_checksums(directory, meta)
     _check_model(meta, state, directory)
     return meta
 
@@ -534,6 +560,12 @@ def read_meta(directory: Path) -> dict[str, Any]:
     missing = [key for key in META_KEYS if not isinstance(meta, dict) or key not in meta]
     if missing:
         raise ScalerunError(f"{path} lacks {', '.join(missing)}: it was not written by scalerun.checkpoint")
+    for key, low, high in (("step", 0, None), ("world_size", 1, MAX_WORLD_SIZE)):
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            bound = f"a whole number from {low} to {high}" if high else f"a whole number >= {low}"
+            raise ScalerunError(f"{path} is damaged: its {key} is {json.dumps(value)}, not {bound}; remove "
+                                f"{directory} to resume from the checkpoint before it")
     return meta
 
 
@@ -553,6 +585,28 @@ def _check_files(directory: Path, meta: dict[str, Any]) -> None:
                 f"{path} is truncated ({path.stat().st_size} bytes, not a whole torch file); remove "
                 f"{directory} to resume from the checkpoint before it"
             )
+
+
+def _check_checksums(directory: Path, meta: dict[str, Any]) -> None:
+    """Every file meta.json lists has the size and sha256 it had at the save (a checkpoint
+    saved before the table existed has none to compare)."""
+    table = meta.get(FILES)
+    if table is None:
+        return
+    if not isinstance(table, dict):
+        raise ScalerunError(f"{directory / META} is damaged: its {FILES} table is not a table; remove "
+                            f"{directory} to resume from the checkpoint before it")
+    for name, recorded in sorted(table.items()):
+        path = directory / name
+        again = f"remove {directory} to resume from the checkpoint before it"
+        if not path.is_file():
+            raise ScalerunError(f"{path} is missing: meta.json lists it as part of this checkpoint; {again}")
+        size = path.stat().st_size
+        if not isinstance(recorded, dict) or size != recorded.get("bytes"):
+            raise ScalerunError(f"{path} is damaged: {size} bytes, where meta.json recorded "
+                                f"{recorded.get('bytes') if isinstance(recorded, dict) else '?'} at the save; {again}")
+        if sha256_of(path) != recorded.get("sha256"):
+            raise ScalerunError(f"{path} is damaged: its content differs from the save's (sha256 in meta.json); {again}")
 
 
 def model_fingerprint(module: nn.Module | None) -> dict[str, Any]:

@@ -35,13 +35,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
+from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.runtime.stacks import (
     Frame,
     hang_report,
@@ -58,7 +59,7 @@ GRACE_S = 10.0
 
 
 def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
-    """``SCALERUN_HANG_TIMEOUT`` in seconds; None when unset, empty or 0 (no watchdog)."""
+    """``SCALERUN_HANG_TIMEOUT`` in seconds; None when unset, empty, 0 or ``inf`` (no watchdog)."""
     env = os.environ if environ is None else environ
     text = env.get(variables.HANG_TIMEOUT, "").strip()
     if not text:
@@ -70,6 +71,11 @@ def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
                             "give e.g. 1800, or 0 for no hang detection") from None
     if seconds < 0 or seconds != seconds:
         raise ScalerunError(f"{variables.HANG_TIMEOUT}={text!r} must be 0 (off) or more seconds")
+    if seconds == float("inf"):
+        return None
+    if seconds > MAX_TIMEOUT_S:
+        raise ScalerunError(f"{variables.HANG_TIMEOUT}={text!r} is more than {MAX_TIMEOUT_S:g} seconds; "
+                            "give 0 or inf for no hang detection")
     return seconds or None
 
 
@@ -154,6 +160,35 @@ def wait_for_peers(stacks: Path | None, world_size: int, grace_s: float, since: 
         time.sleep(0.2)
 
 
+LAST_WORDS_S = 2.0
+"""How long a hung rank gives the writers that hold records (the step log) before it ends."""
+_last_words: list[Callable[[], None]] = []
+
+
+def before_hang_exit(action: Callable[[], None]) -> None:
+    """Have ``action`` run when this rank ends on a hang, before it ends: the step log
+    writes the records it holds (up to its flush interval, the steps closest to the hang).
+    Registered by the writer itself, so that this module imports none of them."""
+    if action not in _last_words:
+        _last_words.append(action)
+
+
+def last_words(timeout_s: float = LAST_WORDS_S) -> None:
+    """Every registered action, in a thread of its own given up after ``timeout_s``: a
+    logged GPU scalar waits for the hung stream when it is read, and must not keep the rank
+    alive. What fails is lost, not a traceback."""
+    def run() -> None:
+        for action in list(_last_words):
+            with contextlib.suppress(Exception):
+                action()
+
+    if not _last_words:
+        return
+    writer = threading.Thread(target=run, name="scalerun-hang-last-words", daemon=True)
+    writer.start()
+    writer.join(timeout_s)
+
+
 def fresh_stack_files(stacks: Path, since: float) -> list[Path]:
     found = []
     for path in stacks.glob("rank-*.txt"):
@@ -210,6 +245,7 @@ class Watchdog:
                              environ=self.environ)
         where = self._write(report, frames)
         print(rank_line(report, where), file=sys.stderr, flush=True)
+        last_words()
         wait_for_peers(self.stacks, self.world_size, self.grace_s, self.started)
         _flush_quietly(sys.stdout)
         _flush_quietly(sys.stderr)

@@ -23,6 +23,7 @@ from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
+from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.rundir import run_dir_from
 from scalerun.runtime import hang
 from scalerun.runtime.apply import apply_rank_plan, apply_to_running_process
@@ -233,8 +234,9 @@ def _timeout(timeout: float | None, hang_s: float | None = None) -> datetime.tim
         seconds = float(raw)
     except ValueError:
         raise ScalerunError(f"{variables.TIMEOUT}={raw!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ScalerunError(f"timeout {seconds} must be a positive number of seconds")
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ScalerunError(f"timeout {seconds:g} must be a positive number of seconds, at most "
+                            f"{MAX_TIMEOUT_S:g} (a collective cannot wait for ever)")
     return datetime.timedelta(seconds=seconds)
 
 

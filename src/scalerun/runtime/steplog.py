@@ -233,6 +233,14 @@ class StepLog:
             self.sink(records)
         self._last_flush = self.clock()
 
+    def flush_held(self) -> None:
+        """Write what the log holds now, without waiting for anything (a hung rank's last
+        steps): the step that just ended and every step whose marks are resolved; a GPU
+        step whose events have not completed stays unwritten."""
+        self._settle()
+        self._resolve()
+        self.flush()
+
     def _compute_dt(self, records: list[dict[str, Any]]) -> None:
         """Seconds since the previous step ended (the first step: since the log began)."""
         previous = getattr(self, "_previous_t", self.meta.get(keys.START))
@@ -316,7 +324,15 @@ def current_log(device: Any = None) -> StepLog | None:
     _log = _open_log(device)
     if _log is not None:
         atexit.register(_close_at_exit)
+        from scalerun.runtime import hang
+
+        hang.before_hang_exit(_flush_held)  # the watchdog ends a hung rank without atexit
     return _log
+
+
+def _flush_held() -> None:
+    if _log is not None:
+        _log.flush_held()
 
 
 def _close_at_exit() -> None:

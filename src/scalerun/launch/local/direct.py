@@ -300,7 +300,11 @@ def warm_starter(options: LocalOptions, command: list[str], *, here: bool = Fals
         warm.say(program)
         return None
     try:
-        return warm.Starter(program.python, options.preload, os.environ, here=here)
+        if here:
+            from scalerun.launch.local.starter import fork_here
+
+            return warm.Starter(program.python, options.preload, os.environ, fork_here=fork_here)
+        return warm.Starter(program.python, options.preload, os.environ)
     except warm.Fallback as fallback:
         warm.say(str(fallback))
         return None

@@ -29,6 +29,7 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 from typing import Any, NoReturn
 
 from scalerun.launch.local import wire
@@ -216,6 +217,49 @@ def serve_ranks(control: socket.socket) -> None:
     from scalerun.launch.local.forked_rank import become
 
     become(*got, starter=starter)
+
+
+def fork_here(ours: socket.socket, theirs: socket.socket) -> int | None:
+    """The starter as a fork of the calling process, which imported torch already (torch
+    elastic's agent, :class:`.warm.Starter`): its pid, or None where this process cannot
+    fork it safely (a default preload does not import here, or a thread runs: a fork
+    copies only the calling thread, and a lock another one held stays held). The child
+    serves ``theirs`` and never returns into the caller's frames."""
+    from scalerun.launch.local.parent_death import ending_with_launcher
+
+    if preload([]) is not None or threading.active_count() != 1:
+        return None
+    set_in_child = ending_with_launcher()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            ours.close()
+            os.setsid()
+            if set_in_child is not None:
+                set_in_child()
+            _handlers_as_exec()
+            serve_forked(theirs)
+        finally:
+            os._exit(70)
+    return pid
+
+
+def _handlers_as_exec() -> None:
+    """Python's signal handlers as a process started with exec has them: the launcher's own
+    (a stop it forwards to its ranks) would run in the starter otherwise. Ignored signals
+    stay ignored, as across exec."""
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except ValueError:
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
 def serve_forked(control: socket.socket) -> NoReturn:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -113,7 +113,7 @@ class WarmProc:
 
 
 class ForkedStarter:
-    """A starter forked from this process (:meth:`Starter._fork_here`), with what the
+    """A starter forked from this process (:func:`.starter.fork_here`), with what the
     launcher uses of its ``Popen``: ``pid``, ``poll``, ``wait``, ``kill``."""
 
     def __init__(self, pid: int) -> None:
@@ -151,9 +151,12 @@ class Starter:
     """One node's starter process, and the ranks it forked for this launcher."""
 
     def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str], *,
-                 here: bool = False) -> None:
-        """Start the starter: ``python -u -m scalerun.launch.local.starter``, or with
-        ``here`` forked from this process (:meth:`_fork_here`) where it can be."""
+                 fork_here: Callable[[socket.socket, socket.socket], int | None] | None = None) -> None:
+        """Start the starter: ``python -u -m scalerun.launch.local.starter``, or, where
+        ``fork_here`` (:func:`.starter.fork_here`) can, as a fork of this process, which has
+        imported torch already (torch elastic's agent): one import of torch per node. Only
+        for the default preloads (a user's module might open a GPU, here in the agent) and
+        the same python."""
         ours, theirs = socket.socketpair()
         self.control = ours
         self.changed = threading.Condition()
@@ -172,9 +175,10 @@ class Starter:
         self._early_ends: dict[int, int] = {}
         """Ends reported before :meth:`popen` made the rank's :class:`WarmProc`."""
         self._send_lock = threading.Lock()
-        forked = self._fork_here(python, preload, ours, theirs) if here else None
-        if forked is not None:
-            self.proc: subprocess.Popen[bytes] | ForkedStarter = forked
+        same_python = os.path.realpath(python) == os.path.realpath(sys.executable)
+        pid = fork_here(ours, theirs) if fork_here is not None and not preload and same_python else None
+        if pid is not None:
+            self.proc: subprocess.Popen[bytes] | ForkedStarter = ForkedStarter(pid)
             self.here = True
             theirs.close()
             self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
@@ -193,38 +197,6 @@ class Starter:
             theirs.close()
         self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
         self.reader.start()
-
-    @staticmethod
-    def _fork_here(python: str, preload: Sequence[str], ours: socket.socket,
-                   theirs: socket.socket) -> ForkedStarter | None:
-        """The starter as a fork of this process, which has imported torch already (torch
-        elastic's agent does): one import of torch per node instead of two. Only for the
-        default preloads (a user's module might open a GPU, here in the agent), the same
-        python, and while this process has one thread; else None (start it with exec)."""
-        if preload or os.path.realpath(python) != os.path.realpath(sys.executable):
-            return None
-        from scalerun.launch.local import starter
-
-        if starter.preload([]) is not None or threading.active_count() != 1:
-            return None
-        set_in_child = ending_with_launcher()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            pid = os.fork()
-        except OSError:
-            return None
-        if pid == 0:  # the starter: never back into this process's frames
-            try:
-                ours.close()
-                os.setsid()
-                if set_in_child is not None:
-                    set_in_child()
-                _handlers_as_exec()
-                starter.serve_forked(theirs)
-            finally:
-                os._exit(70)
-        return ForkedStarter(pid)
 
     # --- the launcher's calls ------------------------------------------------------------
 
@@ -389,19 +361,6 @@ class Starter:
                     proc.returncode = code if code < 0 else -signal.SIGTERM
                 self._ends += 1
                 self.changed.notify_all()
-
-
-def _handlers_as_exec() -> None:
-    """Python's signal handlers as a process started with exec has them: the launcher's own
-    (a stop it forwards to its ranks) would run in the starter otherwise. Ignored signals
-    stay ignored, as across exec."""
-    for number in signal.valid_signals():
-        try:
-            handler = signal.getsignal(number)
-        except ValueError:
-            continue
-        if callable(handler) and handler is not signal.default_int_handler:
-            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
 def stop_left(procs: Sequence[WarmProc]) -> None:
