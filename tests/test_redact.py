@@ -38,6 +38,10 @@ NAMES = [
     ("KEYBOARD", False),  # the word must close its part
     ("TOKENIZERS_PARALLELISM", False),  # scalerun sets this one itself
     ("PASSWORDLESS_SSH", False),
+    ("DB_PASS", True),  # issue 34: written in clear by jobscript --env
+    ("MYSQL_PASSWD", True),
+    ("GPG_PASSPHRASE", True),
+    ("BYPASS_CACHE", True),  # a harmless false positive of PASS: shown as ***
     ("KEYTAB_DIR", False),
     ("NCCL_SOCKET_IFNAME", False),
     ("PWD", False),

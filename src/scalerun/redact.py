@@ -8,7 +8,8 @@ kept with the results must not carry them.
 The one rule (:func:`is_secret_name`): split a name into parts at every character that
 is not a letter or digit (``HF_TOKEN`` -> ``HF``, ``TOKEN``; ``--api-key`` -> ``API``,
 ``KEY``); the name is secret when a part, upper-cased, *ends with* TOKEN, KEY, SECRET,
-PASSWORD or CREDENTIAL, optionally followed by one ``S``. So ``WANDB_API_KEY``,
+PASSWORD, PASSWD, PASSPHRASE, PASS or CREDENTIAL, optionally followed by one ``S``
+(``DB_PASS``, ``MYSQL_PASSWD``: issue 34 found the first written in clear). So ``WANDB_API_KEY``,
 ``NGROK_AUTHTOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS`` and
 ``apiKeys`` are secret, while ``KEYBOARD``, ``TOKENIZERS_PARALLELISM`` (which scalerun
 itself sets) and ``PASSWORDLESS_SSH`` are not: the word must close its part. The price is
@@ -32,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 MASK = "***"
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASS", "CREDENTIAL")
 MIN_FREE_TEXT_LENGTH = 6
 """Known secret values this long or longer are also masked inside free text."""
 

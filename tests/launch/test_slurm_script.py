@@ -712,14 +712,16 @@ def test_secrets_are_taken_from_the_submitting_shell(tmp_path):
     fake.write_text(CLEANUP_AWARE_SRUN + 'printf "%s|%s" "$HF_TOKEN" "$DB_PASSWORD"\n')
     fake.chmod(0o755)
     job = lumi_job(container=None, cpu_bind="none", setup=(), modules=(), module_use=(),
-                   env=(("HF_TOKEN", "hf $(id) ${USER}"),), site_env=(("DB_PASSWORD", "site-pw"),),
+                   env=(("HF_TOKEN", "hf $(id) ${USER}"), ("DB_PASS", "db-pw")),
+                   site_env=(("DB_PASSWORD", "site-pw"),),
                    command_line=("scalerun", "launch", "--env", "HF_TOKEN=hf $(id) ${USER}"))
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(job))
     assert "hf " not in script.read_text() and "site-pw" not in script.read_text()
+    assert "db-pw" not in script.read_text()  # DB_PASS: a secret name too (issue 34)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ACCOUNT": "p1", "USER": "u"}
     handed = secret_handoff(job, env)
-    assert handed == {"HF_TOKEN": "hf $(id) u", "DB_PASSWORD": "site-pw"}
+    assert handed == {"HF_TOKEN": "hf $(id) u", "DB_PASS": "db-pw", "DB_PASSWORD": "site-pw"}
     done = subprocess.run(["bash", str(script)], env={**env, **handed}, capture_output=True, text=True,
                           cwd=tmp_path)
     assert done.stdout == "hf $(id) u|site-pw"
