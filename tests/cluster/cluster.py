@@ -144,6 +144,10 @@ def slurm_conf_text(spec: ClusterSpec, first_job_id: int = 1) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
         "SchedulerType=sched/builtin",
+        # a job that becomes eligible with time (a requeued one, 10 s after its requeue) waits
+        # for the main scheduling loop's next pass, every 60 s by default: 30 s on average of
+        # nothing in each requeue test; submits and ends start the loop at once anyway
+        "SchedulerParameters=sched_interval=2",
         "KillWait=5",
         "MinJobAge=600",
         "InactiveLimit=0",
