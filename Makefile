@@ -43,11 +43,13 @@ extras: $(VENV)/.extras
 demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
-# The tests run in parallel (pytest-xdist), one worker per CPU (TEST_WORKERS=auto; 0 runs
-# them one after the other in this process). A group of tests that share the SLURM test
-# cluster or a module's fixture runs on one worker (tests/conftest.py); the SLURM group is
-# the longest (docs/results.md has the suite's times).
-TEST_WORKERS ?= auto
+# The tests run in parallel (pytest-xdist), one worker more than the CPUs (TEST_WORKERS=0
+# runs them one after the other in this process): the worker of the SLURM group waits for
+# its jobs, and a group runs on one worker to its end, so with one worker per CPU a fifth
+# of two cores stayed idle (docs/results.md, "The test suite's time"). A group of tests
+# that share the SLURM test cluster or a module's fixture runs on one worker
+# (tests/conftest.py); the SLURM group is the longest.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1)")
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts
