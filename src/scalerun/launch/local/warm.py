@@ -179,12 +179,10 @@ class Starter:
         pid = fork_here(ours, theirs) if fork_here is not None and not preload and same_python else None
         if pid is not None:
             self.proc: subprocess.Popen[bytes] | ForkedStarter = ForkedStarter(pid)
-            self.here = True
             theirs.close()
             self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
             self.reader.start()
             return
-        self.here = False
         try:
             self.proc = subprocess.Popen(
                 [python, "-u", "-m", "scalerun.launch.local.starter", *preload],
