@@ -12,6 +12,7 @@ script that others can edit is a job that runs their commands under your account
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -93,3 +94,13 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, executable:
             f"cannot write {label} {path}: {error.strerror}; choose a writable place"
         ) from None
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's content, read in 1 MiB blocks (checkpoints and JIT cache
+    copies record it to find damage later)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -29,7 +29,6 @@ launcher side can save without it.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from scalerun.files import file_sha256
 from scalerun.netconf.settings import Setting
 from scalerun.plan import variables
 from scalerun.topology.sysfs import PCI_DIR
@@ -198,7 +198,7 @@ def check_copy(warm: WarmCache) -> str | None:
     for relative, entry in listed.items():
         path = warm.folder / FILES / relative
         if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") \
-                or _sha256(path) != entry.get("sha256"):
+                or file_sha256(path) != entry.get("sha256"):
             return f"{relative} does not match its recorded size and SHA-256"
     return None
 
@@ -253,7 +253,7 @@ def _stage(staging: Path, listed: Mapping[str, Path], key: str) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
         manifest["files"][relative] = {"size": target.stat().st_size,  # type: ignore[index]
-                                       "sha256": _sha256(target),
+                                       "sha256": file_sha256(target),
                                        "mtime_ns": path.stat().st_mtime_ns}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
@@ -273,7 +273,7 @@ def _unchanged(warm: WarmCache, listed: Mapping[str, Path]) -> bool:
         entry, stat = recorded[relative], path.stat()
         if not isinstance(entry, dict) or entry.get("size") != stat.st_size:
             return False
-        if entry.get("mtime_ns") != stat.st_mtime_ns and entry.get("sha256") != _sha256(path):
+        if entry.get("mtime_ns") != stat.st_mtime_ns and entry.get("sha256") != file_sha256(path):
             return False
     return True
 
@@ -313,14 +313,6 @@ def _files(folder: Path) -> Iterator[Path]:
         if path.is_file() and not path.is_symlink() and \
                 not any(part in SKIPPED for part in path.relative_to(folder).parts):
             yield path
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _mib(size: int) -> str:

@@ -21,8 +21,9 @@ checkpoint whole and pointed to. Every rank must call :func:`save` and :func:`lo
 A folder is never silently skipped nor overwritten: :func:`load` refuses, in one line
 naming the file, a checkpoint that is truncated or damaged (a file whose sha256 differs
 from the save's), from another model (the parameters' names and shapes are in meta.json)
-or that this run's strategy cannot load at its world size; :func:`save` refuses a folder holding checkpoints that this process did not load
-from (:func:`refuse_foreign`), so a fresh start never writes over another run.
+or that this run's strategy cannot load at its world size; :func:`save` refuses a folder
+holding checkpoints that this process did not load from (:func:`refuse_foreign`), so a
+fresh start never writes over another run.
 
 Checkpoint files are pickles: load only checkpoints you trust.
 """
@@ -52,6 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scalerun.errors import ScalerunError
+from scalerun.files import file_sha256
 from scalerun.plan import variables
 from scalerun.runtime.context import Context, barrier, context
 from scalerun.runtime.continuation import Continuation, changed_size, judge, record
@@ -72,7 +74,6 @@ the save and compared at the load, so that damage anywhere (bit rot, a bad copy)
 not loaded (a torch file's own check reads only its zip directory)."""
 MAX_WORLD_SIZE = 1 << 20
 """A world size meta.json may name: more is damage, not a job."""
-CHUNK = 1 << 20
 
 _owned: set[Path] = set()
 """Checkpoint folders this process loaded from (or found empty) or saved into."""
@@ -356,19 +357,10 @@ def _loop_state(state: Strategy, wrapped: Wrapped | None, extra: Any) -> dict[st
 
 
 def checksums(directory: Path) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of every file under ``directory`` but meta.json, by relative path."""
-    table: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != META):
-        table[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
-    return table
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Size and sha256 of every file under ``directory`` but its meta.json, by relative path."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / META)
+    return {path.relative_to(directory).as_posix(): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            for path in files}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -596,16 +588,16 @@ def _check_checksums(directory: Path, meta: dict[str, Any]) -> None:
     if not isinstance(table, dict):
         raise ScalerunError(f"{directory / META} is damaged: its {FILES} table is not a table; remove "
                             f"{directory} to resume from the checkpoint before it")
+    again = f"remove {directory} to resume from the checkpoint before it"
     for name, recorded in sorted(table.items()):
         path = directory / name
-        again = f"remove {directory} to resume from the checkpoint before it"
         if not path.is_file():
             raise ScalerunError(f"{path} is missing: meta.json lists it as part of this checkpoint; {again}")
         size = path.stat().st_size
         if not isinstance(recorded, dict) or size != recorded.get("bytes"):
             raise ScalerunError(f"{path} is damaged: {size} bytes, where meta.json recorded "
                                 f"{recorded.get('bytes') if isinstance(recorded, dict) else '?'} at the save; {again}")
-        if sha256_of(path) != recorded.get("sha256"):
+        if file_sha256(path) != recorded.get("sha256"):
             raise ScalerunError(f"{path} is damaged: its content differs from the save's (sha256 in meta.json); {again}")
 
 

@@ -299,12 +299,13 @@ def warm_starter(options: LocalOptions, command: list[str], *, here: bool = Fals
     if isinstance(program, str):
         warm.say(program)
         return None
-    try:
-        if here:
-            from scalerun.launch.local.starter import fork_here
+    fork = None
+    if here:
+        from scalerun.launch.local import starter
 
-            return warm.Starter(program.python, options.preload, os.environ, fork_here=fork_here)
-        return warm.Starter(program.python, options.preload, os.environ)
+        fork = starter.fork_here
+    try:
+        return warm.Starter(program.python, options.preload, os.environ, fork_here=fork)
     except warm.Fallback as fallback:
         warm.say(str(fallback))
         return None

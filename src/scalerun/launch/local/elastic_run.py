@@ -7,8 +7,9 @@ so each imported torch on its own. Here the agent is torch's own, unchanged (its
 rendezvous, restarts and stops), and only its ``Popen`` is the warm starter's
 (:func:`scalerun.launch.local.start.ranks_ending_with_agent`); restarts are forked from the
 same starter, which is forked from this process once it has imported torch (one import of
-torch per node, not one for the agent and one for the starter). The job script names it in place of ``torch.distributed.run``
-(:mod:`scalerun.launch.slurm.render`) for ``--start warm``, the default.
+torch per node, not one for the agent and one for the starter). The job script names it
+in place of ``torch.distributed.run`` (:mod:`scalerun.launch.slurm.render`) for ``--start
+warm``, the default.
 
 Its own words come first and start with ``--scalerun-``: ``--scalerun-preload=MOD[,MOD]``
 (``--preload``) and ``--scalerun-binds`` (the ranks run a program without ``init()``: each
