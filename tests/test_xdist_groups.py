@@ -16,7 +16,7 @@ import pytest
 
 @pytest.mark.xdist_group("groups-guard")
 def test_a_grouped_test_carries_its_group_in_its_id(request: pytest.FixtureRequest) -> None:
-    if not request.config.getvalue("loadgroup"):
+    if not request.config.getoption("loadgroup", default=False):  # absent with -p no:xdist
         pytest.skip("not under pytest-xdist --dist loadgroup (make test runs it so; make test-quick does not)")
     assert request.node.nodeid.endswith("@groups-guard"), (
         f"{request.node.nodeid}: pytest-xdist did not put the group into the test id, so "
