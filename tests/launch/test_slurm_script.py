@@ -159,7 +159,7 @@ def test_script_runs_srun_with_the_exact_words(tmp_path):
     assert not (tmp_path / "pwned").exists()
     # and when the script ended, one task per node removed the job's cache folders
     assert cleanup_argv(tmp_path) == [str(word) for word in cache_cleanup_command(job)[1:]]
-    assert cleanup_argv(tmp_path)[:5] == ["--overlap", "--nodes=2", "--ntasks=2",
+    assert cleanup_argv(tmp_path)[:6] == ["--overlap", "--mem=0", "--nodes=2", "--ntasks=2",
                                           "--ntasks-per-node=1", "--cpu-bind=none"]
 
 

@@ -411,7 +411,7 @@ folders out of ``/tmp`` (:func:`scalerun.netconf.caches.remove_job_caches`)."""
 
 def cache_cleanup_command(job: SlurmJob) -> list[Word]:
     """One task on every node of the job (the count it got, for ``--nodes MIN-MAX``)."""
-    return ["srun", "--overlap", node_count_word(job, "--nodes="), node_count_word(job, "--ntasks="),
+    return ["srun", "--overlap", "--mem=0", node_count_word(job, "--nodes="), node_count_word(job, "--ntasks="),
             "--ntasks-per-node=1", "--cpu-bind=none", job.host_python, "-c", CACHE_CLEANUP_PROGRAM]
 
 
@@ -421,7 +421,11 @@ def _cache_cleanup_trap(job: SlurmJob) -> list[str]:
     are named by its id, so no later job reads them, and the warm copy has taken what they
     held (rank 0 or the save step saved before the script's end). A job that SLURM kills
     outright leaves them, as it leaves the rest of its ``/tmp``. ``--overlap``: a step of
-    the job may still be ending; the step never changes the job's exit code."""
+    the job may still be ending and hold its CPUs. ``--mem=0``: inside the script srun
+    reads the job's ``SLURM_MEM_PER_CPU`` and asks that much again, which a step still
+    ending may hold (``--overlap`` does not share memory on SLURM 22.05: "Memory required
+    by task is not available", seen in CI); a step with ``--mem=0`` takes none of the
+    job's memory from other steps. The step never changes the job's exit code."""
     return [
         "# --- when this script ends: each node's JIT cache folders of this job out of /tmp",
         "# (named by the job id, no later job reads them; the warm copy keeps what they held) ---",
