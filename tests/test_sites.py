@@ -176,6 +176,11 @@ BROKEN = [
     ("gpu_binding_safe = false\n", "gpu_binding_safe: unknown key"),  # it lives in [slurm]
     ("[slurm]\nsbatch_args = ['-C x']\n", "slurm.sbatch_args[0]: '-C x' is not a long option"),
     ("[node]\nreserved_cores = [0]\n", "node.reserved_cores: needs node.cores"),
+    ("[node]\ncores = -4\n", "node.cores: -4 must be at least 1 (leave it out where unknown)"),
+    ("[node]\ncores = 0\n", "node.cores: 0 must be at least 1"),
+    ("[node]\nmemory_gb = -512\n", "node.memory_gb: -512 must be at least 1"),
+    ("[node]\ngpu_memory_gb = 0\n", "node.gpu_memory_gb: 0 must be at least 1"),
+    ("[node]\ncores = 2\nreserved_cores = [0, 1]\n", "node.reserved_cores: all 2 cores are reserved"),
     ("[env]\n'1BAD' = 'x'\n", "env.1BAD: is not a valid environment variable name"),
     ("[env]\nX = 1\n", "env.X: expected str, got an integer 1"),
     ("[container]\nmounts = ['/a,/b']\n", "container.mounts[0]: '/a,/b': a mount is SRC[:DST[:OPTS]]"),

@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.cli import main
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "vit" / "train.py"
+
+
+def exit_code(argv: list[str]) -> int:
+    """``scalerun ARGV`` in this process: main's return, or argparse's exit code."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
 
 
 def scaling(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -76,17 +86,23 @@ BAD = [
     (("--ranks", "1,2", "--batch", "8", "--no-placeholder"), "{per_rank_batch}"),
     (("--nodes", "1,2", "--site", "no-such-site"), "no-such-site"),
     (("--ranks", "1,2", "--batch", "8", "--out", "/proc/no/such"), "--out"),
+    (("--ranks", "1,,2", "--batch", "8"), "'1,,2' is not a comma-separated list of whole numbers"),
+    (("--ranks", "1,2", "--batch", "8", "--timeout", "-1"), "--timeout: -1: give seconds from more than 0"),
+    (("--ranks", "1,2", "--batch", "8", "--timeout", "inf"), "--timeout: inf: give seconds"),
+    (("--ranks", "1,2", "--batch", "8", "--timeout", "soon"), "'soon' is not a number of seconds"),
 ]
 
 
 @pytest.mark.parametrize(("flags", "message"), BAD)
-def test_bad_input_is_one_line_before_anything_runs(tmp_path, flags, message) -> None:
+def test_bad_input_is_one_line_before_anything_runs(tmp_path, flags, message, capsys, monkeypatch) -> None:
+    """In this process (``scalerun.cli.main``): nothing is launched before the refusal."""
     args = [flag for flag in flags if flag != "--no-placeholder"]
     script = [str(EXAMPLE)] if "--no-placeholder" in flags else [str(EXAMPLE), "--batch-size", "{per_rank_batch}"]
     out = [] if "--out" in args else ["--out", str(tmp_path / "study")]
-    done = scaling(*args, *out, "--", *script, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    monkeypatch.chdir(REPO)
+    assert exit_code(["scaling", *args, *out, "--", *script]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "study" / "runs").exists()
 
 

@@ -16,12 +16,21 @@ from pathlib import Path
 
 import pytest
 
+from scalerun.cli import main
 from scalerun.plan import variables
 
 REPO = Path(__file__).resolve().parents[2]
 POOR = REPO / "tests" / "fixtures" / "tune" / "poor_defaults.py"
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def exit_code(argv: list[str]) -> int:
+    """``scalerun ARGV`` in this process: main's return, or argparse's exit code."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
 
 
 def tune(*words: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -78,14 +87,24 @@ def test_a_real_tuning_ranks_checks_and_resumes(tmp_path: Path) -> None:
     (["--batch", "4", "--nodes", "0"], "argument --nodes: 0: give 1 or more"),
     (["--batch", "4", "--nodes", "1", "--launch-arg=--nodes=2"], "give --nodes to scalerun tune"),
     (["--batch", "4", "--launch-arg=--wait"], "scalerun tune adds --wait to every trial itself"),
+    (["--batch", "4", "--nproc-per-node", "0"], "--nproc-per-node 0: give 1 or more"),
+    (["--batch", "-4"], "--batch -4: give 1 or more"),
+    (["--global-batch", "0"], "--global-batch 0: give 1 or more"),
+    (["--batch", "4", "--max-batch", "0"], "--max-batch 0: give 1 or more"),
+    (["--batch", "4", "--warmup-steps", "-1"], "--warmup-steps -1: give 0 or more"),
 ])
-def test_bad_input_is_one_line_before_anything_runs(tmp_path: Path, words: list[str], message: str) -> None:
-    done = tune(*words, "--out", str(tmp_path / "t"), str(POOR), "--", "--batch-size", "{per_rank_batch}",
-                timeout=60)
-    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "t").exists()
+def test_bad_input_is_one_line_before_anything_runs(tmp_path: Path, words: list[str], message: str,
+                                                    capsys, monkeypatch) -> None:
+    """In this process (``scalerun.cli.main``): nothing is launched before the refusal."""
+    monkeypatch.chdir(REPO)
+    assert exit_code(["tune", *words, "--out", str(tmp_path / "t"), str(POOR), "--", "--batch-size",
+                 "{per_rank_batch}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "t").exists()
 
 
-def test_a_batch_without_its_template_is_refused(tmp_path: Path) -> None:
-    done = tune("--batch", "4", "--out", str(tmp_path / "t"), str(POOR), timeout=60)
-    assert done.returncode != 0 and "no script argument holds {per_rank_batch}" in done.stderr
+def test_a_batch_without_its_template_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert exit_code(["tune", "--batch", "4", "--out", str(tmp_path / "t"), str(POOR)]) == 2
+    assert "no script argument holds {per_rank_batch}" in capsys.readouterr().err

@@ -14,8 +14,10 @@ imports argparse.
 from __future__ import annotations
 
 import argparse
+import math
 
 from scalerun.plan import variables
+from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.sites import DEFAULT_SITE
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
@@ -62,3 +64,17 @@ def after_dashes(words: list[str]) -> list[str]:
     """A trailing command or script's words (``argparse.REMAINDER``) without the ``--`` that
     may separate them from scalerun's own flags."""
     return words[1:] if words[:1] == ["--"] else words
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a time limit in seconds, more than 0 and at most
+    :data:`~scalerun.plan.request.MAX_TIMEOUT_S` (``-1``, ``0``, ``nan`` and ``inf`` limit
+    nothing a user meant; leave the flag out for no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"{text}: give seconds from more than 0 to {MAX_TIMEOUT_S:g} "
+                                         "(leave the flag out for no limit)")
+    return value

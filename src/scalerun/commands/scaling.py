@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalerun.commands.flags import add_site_argument, after_dashes
+from scalerun.commands.flags import add_site_argument, after_dashes, seconds
 from scalerun.commands.slurm_runs import cluster_gpus, job_command, run_job_logged, runs_on_slurm
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "also {steps} in the script's arguments)")
     p.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of the numbers (default 5)")
     p.add_argument("--out", type=Path, help="study folder (default runs/scaling-TIME); rerun to resume")
-    p.add_argument("--timeout", type=float, metavar="S", help="stop a size after S seconds")
+    p.add_argument("--timeout", type=seconds, metavar="S", help="stop a size after S seconds")
     p.add_argument("--no-busbw", action="store_true", help="do not measure the all-reduce bandwidth first")
     p.add_argument("--launch-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every 'scalerun launch' (repeatable), e.g. --launch-arg=--time=0:20:00")
@@ -59,10 +59,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _sizes(text: str) -> tuple[int, ...]:
+    """``1,2,4``: every part a whole number (``1,,2`` is a typo, not two sizes); an empty
+    text is no size at all, which the study request refuses by its flag's name."""
+    if not text.strip():
+        return ()
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers, "
+                                         "e.g. 1,2,4") from None
 
 
 def run(args: argparse.Namespace) -> int:

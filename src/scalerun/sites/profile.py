@@ -133,11 +133,17 @@ class NodeSpec:
             )
         if self.threads_per_core < 1:
             raise Invalid("threads_per_core", f"{self.threads_per_core} must be at least 1")
+        for key in ("cores", "memory_gb", "gpu_memory_gb"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise Invalid(key, f"{value} must be at least 1 (leave it out where unknown)")
         if self.reserved_cores and self.cores is None:
             raise Invalid("reserved_cores", "needs node.cores, the number of cores they belong to")
         bad = [core for core in self.reserved_cores if not 0 <= core < (self.cores or 0)]
         if bad:
             raise Invalid("reserved_cores", f"{bad} are not cores of a {self.cores}-core node")
+        if self.cores is not None and len(set(self.reserved_cores)) >= self.cores:
+            raise Invalid("reserved_cores", f"all {self.cores} cores are reserved: a job would get none")
 
     @property
     def usable_cores(self) -> int | None:

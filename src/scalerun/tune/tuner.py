@@ -85,6 +85,12 @@ class TuneRequest:
             raise TuneError("no training script: give it after --, e.g. -- train.py --batch-size {per_rank_batch}")
         if self.budget_s <= 0:
             raise TuneError(f"--budget {self.budget_s:g} s: give a positive time, e.g. 5m")
+        for flag, value in (("--nproc-per-node", self.facts.default_ranks), ("--batch", self.facts.batch),
+                            ("--global-batch", self.facts.global_batch), ("--max-batch", self.facts.max_batch)):
+            if value is not None and value < 1:
+                raise TuneError(f"{flag} {value}: give 1 or more")
+        if self.warmup_steps < 0:
+            raise TuneError(f"--warmup-steps {self.warmup_steps}: give 0 or more")
         if self.first_steps <= self.warmup_steps:
             raise TuneError(f"--first-steps {self.first_steps} must exceed --warmup-steps "
                             f"{self.warmup_steps}: a trial needs steady steps to measure")
