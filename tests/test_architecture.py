@@ -48,7 +48,7 @@ PACKAGE = "scalerun"
 #   nothing.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: names and small helpers any layer may use
-    ("version", "errors", "plan.variables", "shell", "files", "redact", "pages", "needs_torch"),
+    ("version", "errors", "plan.variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
     # 1: readers of a node and a run, and the small acts on this process
     ("topology", "placement", "rundir", "follow", "events", "profile", "affinity", "membind"),
     # 2: site data and the communication rules the planner applies

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.files import new_file_mode
 from scalerun.plan.variables import EVENTS_FILE
 
@@ -85,7 +86,7 @@ def append_event(run_dir: Path, event: Event) -> None:
     """Append one event as one whole line (one ``write`` on an ``O_APPEND`` file)."""
     path = events_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(event.record(), separators=(",", ":")) + "\n").encode()
+    line = (strict_json.dumps(event.record(), separators=(",", ":")) + "\n").encode()
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                          new_file_mode())
     try:
@@ -118,7 +119,7 @@ def read_events_from(run_dir: Path, offset: int) -> tuple[list[Event], int]:
 def _parse(data: bytes) -> Iterator[Event]:
     for line in data.decode(errors="replace").splitlines():
         try:
-            record = json.loads(line)
+            record = strict_json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and (event := Event.from_record(record)) is not None:

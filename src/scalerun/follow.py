@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
+
 TAIL_BYTES = 1 << 20
 """On a first read, a file larger than this is read as its first line plus its last
 megabyte: ten seconds of steps even at hundreds of steps a second."""
@@ -99,7 +101,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
         return None
     for candidate in (line, line[line.rfind(RECORD_START):]):
         try:
-            record = json.loads(candidate)
+            record = strict_json.loads(candidate)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
         if isinstance(record, dict):

@@ -31,10 +31,20 @@ class Section:
     table: Table | None = None
 
 
+def markdown_text(text: str) -> str:
+    """``text`` for a Markdown page: ``<``, ``>`` and ``&`` as HTML entities outside code
+    spans, so a name from the run (a scalar's, a script's, a host's) is shown, never read
+    as HTML by whatever renders the page (a tracker's UI, where the report is attached);
+    inside a code span they are shown as they are anyway."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(part if part.startswith("`") and part.endswith("`") and len(part) > 1
+                   else html.escape(part, quote=False) for part in parts)
+
+
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table's lines (``|`` in a cell escaped)."""
-    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+    """A Markdown table's lines (``|`` and line ends in a cell escaped, see :func:`markdown_text`)."""
+    escape = lambda cell: markdown_text(str(cell)).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    return ["| " + " | ".join(escape(h) for h in headers) + " |", "|" + "---|" * len(headers),
             *("| " + " | ".join(escape(c) for c in row) + " |" for row in rows)]
 
 

@@ -46,6 +46,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.plan import variables
 
 # The names are spelled in :mod:`scalerun.plan.variables`; these are their short local names.
@@ -148,7 +149,7 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         if not line:
             continue
         try:
-            record = json.loads(line)
+            record = strict_json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):
@@ -159,7 +160,7 @@ def append_jsonl(path: Path, records: list[Mapping[str, Any]]) -> None:
     """Append whole lines in one write, so that a reader never sees two records mixed."""
     if not records:
         return
-    text = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in records)
+    text = "".join(strict_json.dumps(record, separators=(",", ":")) + "\n" for record in records)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         handle.write(text)

@@ -125,3 +125,20 @@ def test_an_empty_run_directory_gives_an_empty_snapshot(tmp_path: Path) -> None:
 )
 def test_step_rate(points: list[StepPoint], expected: tuple) -> None:
     assert step_rate(points, 10.0) == pytest.approx(expected)
+
+
+DAMAGED_STEPS = [  # lines a damaged or foreign step log may hold (issue 34, item 18)
+    '{"kind":"step","step":1e999,"t":%(t)s,"dt":0.5}',
+    '{"kind":"step","step":"41","t":%(t)s,"dt":0.5}',
+    '{"kind":"step","step":41.5,"t":%(t)s,"dt":0.5}',
+    '{"kind":"step","step":true,"t":%(t)s,"dt":0.5}',
+    '{"kind":"step","step":41,"t":1e999,"dt":0.5}',
+    '{"kind":"step","step":41,"t":NaN,"dt":0.5}',
+]
+
+
+def test_a_step_line_without_a_whole_step_or_a_finite_time_is_left_out(run_dir: Path) -> None:
+    before = RunReader(run_dir).snapshot(now=T0 + 25)
+    with open(step_log_path(run_dir, 0), "a") as handle:
+        handle.writelines(line % {"t": T0 + 20.5} + "\n" for line in DAMAGED_STEPS)
+    assert RunReader(run_dir).snapshot(now=T0 + 25) == before

@@ -121,3 +121,34 @@ def test_attach_without_tracker_runs_says_so_and_succeeds(tmp_path: Path, capsys
     assert code == 0 and (run / "report.md").is_file()
     assert out.splitlines()[-1] == ("scalerun report: --attach: rank 0 started no tracker run (it logged "
                                     "no step through scalerun.log or wrap(), or said above why not)")
+
+
+def test_a_step_line_without_a_whole_step_or_a_finite_time_is_left_out(tmp_path: Path, capsys) -> None:
+    """``step: 1e999`` (infinity once read) crashed the report with an OverflowError."""
+    from scalerun.rundir import step_log_path
+    from tests.monitorview.test_state import DAMAGED_STEPS
+
+    run = write_job(tmp_path / "run", Job(steps=10), monitor=False)
+    code, out, _ = report(capsys, run, "--json")
+    clean = json.loads(out)
+    with open(step_log_path(run, 0), "a") as handle:
+        handle.writelines(line % {"t": 1_700_000_100.0} + "\n" for line in DAMAGED_STEPS)
+    code, out, err = report(capsys, run, "--json")
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out)["steps"] == clean["steps"]
+
+
+def test_a_scalar_named_like_html_is_shown_as_text_in_report_md(tmp_path: Path, capsys) -> None:
+    """report.md is attached to trackers, whose pages may render raw HTML in Markdown."""
+    from scalerun.rundir import step_log_path
+
+    run = write_job(tmp_path / "run", Job(steps=10), monitor=False)
+    name = '<script>alert("x")</script>|&'
+    with open(step_log_path(run, 0), "a") as handle:
+        handle.write(json.dumps({"kind": "step", "step": 11, "t": 1_700_000_020.0, "dt": 0.1,
+                                 "scalars": {name: 1.0}}) + "\n")
+    code, _, err = report(capsys, run)
+    assert code == 0, err
+    markdown = (run / "report.md").read_text()
+    assert "<script>" not in markdown and "&lt;script&gt;alert(\"x\")&lt;/script&gt;\\|&amp;" in markdown
+    assert "&lt;script&gt;" in (run / "report.html").read_text()

@@ -17,13 +17,13 @@ command and for the rank entry point); it decides no check.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from scalerun import strict_json
 from scalerun.commands.flags import add_site_argument, add_sysfs_argument
 from scalerun.doctor.options import DoctorError, DoctorOptions, parse_size, to_argv
 
@@ -165,7 +165,7 @@ def run_here(options: DoctorOptions, nproc: int) -> int:
         code = launch_flags.carry_out(request, backend_named("local"), os.environ)
         if not result.is_file():
             return code or 1  # the ranks did not get as far as a report; the launch said why
-        return int(json.loads(result.read_text())["summary"]["exit_code"])
+        return int(strict_json.loads(result.read_text())["summary"]["exit_code"])
 
 
 def submit(args: argparse.Namespace, options: DoctorOptions) -> int:

@@ -21,7 +21,6 @@ not a terminal, one table per refresh. Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from scalerun import strict_json
 from scalerun.cli import EXIT_USER_ERROR, OneLineParser
 from scalerun.errors import ScalerunError
 from scalerun.monitorview.attach import Attachment, show_job
@@ -191,7 +191,7 @@ def show(reader: RunReader, request: MonitorRequest,
 def emit(snapshot: Snapshot, as_json: bool) -> None:
     """Print one snapshot to stdout: a JSON line, or the table (wide when not a terminal)."""
     if as_json:
-        print(json.dumps(snapshot_json(snapshot), separators=(",", ":")), flush=True)
+        print(strict_json.dumps(snapshot_json(snapshot), separators=(",", ":")), flush=True)
         return
     console = Console(file=sys.stdout)
     if not console.is_terminal:

@@ -8,12 +8,12 @@ no number and no verdict.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     files = {"markdown": str(written.markdown), "html": str(written.html),
              "timelines": [str(p) for p in written.timelines], "charts": [str(p) for p in written.charts]}
     if args.json:
-        print(json.dumps(report_json(written.report, files), indent=2))
+        print(strict_json.dumps(report_json(written.report, files), indent=2))
     else:
         print_report(written)
     if args.attach:

@@ -14,7 +14,6 @@ let it read which transport NCCL used, and says so in the report.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scalerun import strict_json
 from scalerun.doctor import checks, collectives
 from scalerun.doctor.bisect import Bisection, find_bad_nodes
 from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, read_deepspeed
@@ -96,9 +96,9 @@ def doctor_backend(environ: dict[str, str], notes: list[str]) -> str | None:
 def publish(report: Report, options: DoctorOptions) -> None:
     """Print the report (text or JSON) and write the result file a parent reads."""
     data = to_json(report)
-    print(json.dumps(data, indent=2) if options.json else render_text(report), flush=True)
+    print(strict_json.dumps(data, indent=2) if options.json else render_text(report), flush=True)
     if options.result_file:
-        Path(options.result_file).write_text(json.dumps(data))
+        Path(options.result_file).write_text(strict_json.dumps(data))
 
 
 @dataclass

@@ -13,13 +13,13 @@ stack files and decides the message; it starts nothing and never writes.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.rundir import STACKS
 from scalerun.runtime.stacks import HEADER_PREFIX
 from scalerun.topology.cpulist import format_cpulist
@@ -74,7 +74,7 @@ def _header(path: Path) -> dict[str, Any] | None:
     if not first.startswith(HEADER_PREFIX):
         return None
     try:
-        report = json.loads(first[len(HEADER_PREFIX):])
+        report = strict_json.loads(first[len(HEADER_PREFIX):])
     except ValueError:
         return None
     return report if isinstance(report, dict) else None

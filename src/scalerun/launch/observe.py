@@ -10,7 +10,6 @@ the plan (:func:`scalerun.plan.launch.observe_variables`); this module only does
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -20,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
 from scalerun.plan import variables
@@ -38,7 +38,7 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
                           "choose a writable place") from None
     record = redact_data({"command": sys.argv, "start": time.time(), **what},
                          secret_values(os.environ))
-    write_text_atomic(observe.run_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n",
+    write_text_atomic(observe.run_dir / RUN_FILE, strict_json.dumps(record, indent=2, default=str) + "\n",
                       what="--run-dir")
 
 

@@ -68,11 +68,10 @@ class RankSteps:
             self.points.popleft()
 
     def _add_step(self, record: Mapping[str, Any]) -> None:
-        try:
-            point = StepPoint(int(record[keys.STEP]), float(record[keys.T]),
-                              _number(record.get(keys.DT)), _count(record.get(keys.SAMPLES)))
-        except (KeyError, TypeError, ValueError):
+        step, t = keys.step_number(record.get(keys.STEP)), _number(record.get(keys.T))
+        if step is None or t is None:  # a damaged or foreign line (keys.step_records)
             return
+        point = StepPoint(step, t, _number(record.get(keys.DT)), _count(record.get(keys.SAMPLES)))
         start = _number(self.meta.get(keys.START))
         if point.dt is not None and start is not None and abs(point.t - point.dt - start) < 1e-3:
             point = StepPoint(point.step, point.t, None, point.samples)  # timed from set-up

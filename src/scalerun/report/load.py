@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.events import Event, read_events
 from scalerun.monitor.records import Meta, Sample, parse_monitor
@@ -95,7 +96,7 @@ def read_run_info(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
     if not path.exists():
         return None, []
     try:
-        info = json.loads(path.read_text(errors="replace"))
+        info = strict_json.loads(path.read_text(errors="replace"))
     except (OSError, json.JSONDecodeError) as error:
         return None, [f"{path.name} is unreadable ({error}); the run's command is not shown"]
     if not isinstance(info, dict):

@@ -30,6 +30,7 @@ from scalerun.pages import (
     Table,
     html_table,
     markdown_table,
+    markdown_text,
     without_empty_columns,
 )
 from scalerun.report.gpus import GpuStats
@@ -186,16 +187,16 @@ def _share(value: float | None) -> str:
 
 
 def render_markdown(report: Report, sections: Sequence[Section], pictures: Pictures) -> str:
-    lines = [f"# Job report: {report.run_dir.name}", ""]
+    lines = [f"# Job report: {markdown_text(report.run_dir.name)}", ""]
     for section in sections:
         lines += [f"## {section.title}", ""]
-        lines += [f"- {line}" for line in section.lines]
+        lines += [f"- {markdown_text(line)}" for line in section.lines]
         if section.table:
             lines += [""] * bool(section.lines) + markdown_table(*section.table)
         shown = pictures.get(section.title, ())
         if shown:
             lines += [""] * bool(section.lines or section.table)
-            lines += [f"![{alt}]({path})\n" for alt, path, _ in shown]
+            lines += [f"![{markdown_text(alt)}]({path})\n" for alt, path, _ in shown]
         elif section.title == TIMELINES:
             lines.append("no timeline drawn")
         lines.append("")

@@ -34,6 +34,7 @@ from scalerun.runtime.steplog_reader import (
     json_number,
     rank_span,
     seconds_of,
+    step_number,
     step_parts,
     step_samples,
 )
@@ -90,7 +91,7 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
     own, basis = own_time(steady)
     end = float(records[-1][keys.T])
     return StepStats(
-        steps=len(records), last_step=_int(records[-1].get(keys.STEP)), warmup_steps=warmup,
+        steps=len(records), last_step=step_number(records[-1].get(keys.STEP)), warmup_steps=warmup,
         steady_steps=len(steady), step_s=parts["step_s"] or 0.0,
         step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
@@ -175,11 +176,6 @@ def run_throughput(stats: Iterable[StepStats], world: int) -> float | None:
     if not samples or not spans or max(spans) <= 0:
         return None
     return samples * (world / len(stats)) / max(spans)
-
-
-def _int(value: Any) -> int | None:
-    found = json_number(value)
-    return int(found) if found is not None else None
 
 
 def _mean(values: Sequence[float]) -> float:

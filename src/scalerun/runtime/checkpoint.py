@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.files import file_sha256
 from scalerun.plan import variables
@@ -364,7 +365,7 @@ def checksums(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(strict_json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -460,7 +461,7 @@ def load(
     _owned.add(_key(Path(path)))
     if directory is None:
         return None
-    meta = json.loads((directory / META).read_text())
+    meta = strict_json.loads((directory / META).read_text())
     _load_strategy_state(state, directory, meta)
     loop = torch.load(directory / LOOP, map_location="cpu", weights_only=False)
     _restore_loop(loop, state, wrapped)
@@ -543,7 +544,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
     """meta.json, whole and with every key a loader needs."""
     path = directory / META
     try:
-        meta = json.loads(path.read_text())
+        meta = strict_json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise ScalerunError(
             f"{path} is truncated or not a checkpoint's meta.json ({_one_line(str(error))}); remove "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import os
 import sys
 import threading
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.request import MAX_TIMEOUT_S
@@ -129,7 +129,7 @@ def declare(stacks: Path, rank: int) -> None:
 
     if not (stacks / DECLARED_FILE).exists():
         record = {"rank": rank, "t": round(time.time(), 3)}
-        write_text_atomic(stacks / DECLARED_FILE, json.dumps(record) + "\n")
+        write_text_atomic(stacks / DECLARED_FILE, strict_json.dumps(record) + "\n")
 
 
 def declared_by(stacks: Path | None, since: float) -> int | None:
@@ -141,7 +141,7 @@ def declared_by(stacks: Path | None, since: float) -> int | None:
     if stacks is None:
         return None
     try:
-        record = json.loads((stacks / DECLARED_FILE).read_text())
+        record = strict_json.loads((stacks / DECLARED_FILE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or float(record.get("t", 0)) < since:

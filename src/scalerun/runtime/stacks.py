@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import os
 import shutil
 import socket
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from scalerun import strict_json
 
 HEADER_PREFIX = "# scalerun stacks "
 PYSPY_TIMEOUT_S = 20.0
@@ -135,7 +136,7 @@ def header_text(report: Mapping[str, Any], frames: list[Frame]) -> str:
                else f"rank {report['declared_by']}'s hang")
     inside = f"in a collective ({report['collective']})" if report["collective"] else "not in a collective"
     lines = [
-        HEADER_PREFIX + json.dumps(report, separators=(",", ":")),
+        HEADER_PREFIX + strict_json.dumps(report, separators=(",", ":")),
         f"# rank {report['rank']} of {report['world_size']} on {report['host']} (pid {report['pid']}): "
         f"no progress for {report['idle_s']:g} s, ended by {trigger} "
         f"(hang timeout {report['timeout_s']:g} s, last step {report['step']})",

@@ -54,6 +54,7 @@ or fail on a truncated last line (a killed job leaves one: it is skipped).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,12 +145,37 @@ def end_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def step_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The step records in step order; a step logged twice (a restart) keeps its last record."""
+    """The step records in step order; a step logged twice (a restart) keeps its last record.
+
+    A record whose time is not a finite number, or whose step is there but not a whole
+    number (``1e999`` reads as infinity, ``"3"``, ``2.5``: a damaged or foreign line), is
+    left out: every reader after this one may count on both."""
     by_step: dict[Any, dict[str, Any]] = {}
     for record in records:
-        if record.get(KIND) == STEP_KIND and json_number(record.get(T)) is not None:
-            by_step[record.get(STEP, len(by_step))] = record
+        if record.get(KIND) != STEP_KIND or finite_number(record.get(T)) is None:
+            continue
+        if STEP in record and step_number(record[STEP]) is None:
+            continue
+        by_step[record.get(STEP, len(by_step))] = record
     return sorted(by_step.values(), key=lambda r: (json_number(r.get(STEP)) or 0, r[T]))
+
+
+def step_number(value: Any) -> int | None:
+    """A step as the writer writes it, a whole number; None for anything else (text, a
+    boolean, a fraction, a non-finite number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def finite_number(value: Any) -> float | None:
+    """A JSON number as float when it is finite; None otherwise (see :func:`json_number`)."""
+    number = json_number(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def rank_span(records: Sequence[Record], warmup_steps: int) -> float:

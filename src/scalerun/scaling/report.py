@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.files import write_text_atomic
-from scalerun.pages import CODE_SPAN, HTML_PAGE, Section, Table, html_table, markdown_table
+from scalerun.pages import (
+    CODE_SPAN,
+    HTML_PAGE,
+    Section,
+    Table,
+    html_table,
+    markdown_table,
+    markdown_text,
+)
 from scalerun.redact import redact_words, secret_values
 from scalerun.scaling.batches import ScalingError
 from scalerun.scaling.model import assumptions, largest_efficient
@@ -57,7 +65,7 @@ def write_reports(out_dir: Path, summary: Summary) -> ReportFiles:
     data = results_json(summary, out_dir, plot=plot, notes=notes)
     sections = report_sections(summary, out_dir, notes)
     png = plot.read_bytes() if plot else None
-    results = write_text_atomic(out_dir / RESULTS_FILE, json.dumps(data, indent=2) + "\n", what="--out")
+    results = write_text_atomic(out_dir / RESULTS_FILE, strict_json.dumps(data, indent=2) + "\n", what="--out")
     markdown = write_text_atomic(out_dir / MARKDOWN_FILE, render_markdown(summary, sections, plot is not None),
                                  what="--out")
     page = write_text_atomic(out_dir / HTML_FILE, render_html(summary, sections, png), what="--out")
@@ -222,10 +230,10 @@ def _g(value: float | int | None) -> str:
 
 
 def render_markdown(summary: Summary, sections: list[Section], has_plot: bool) -> str:
-    lines = [f"# Scaling study: {summary.request.mode} scaling of {summary.request.script}", ""]
+    lines = [f"# Scaling study: {summary.request.mode} scaling of {markdown_text(summary.request.script)}", ""]
     for section in sections:
         lines += [f"## {section.title}", ""]
-        lines += [f"- {line}" for line in section.lines]
+        lines += [f"- {markdown_text(line)}" for line in section.lines]
         if section.table:
             lines += ["", *markdown_table(*section.table)]
         lines.append("")

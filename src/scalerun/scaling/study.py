@@ -14,7 +14,6 @@ never imports torch.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
 from scalerun.redact import redact_words, secret_values
@@ -94,7 +94,7 @@ def run_study(request: StudyRequest, out_dir: Path, run_size: RunSize,
 def prepare_out_dir(out_dir: Path, request: StudyRequest) -> Path:
     """Create ``out_dir`` and record the request in it; an unwritable --out fails here, in one line."""
     data = {"request": asdict(request), "sizes": [asdict(size) for size in request.sizes]}
-    return write_text_atomic(out_dir / STUDY_FILE, json.dumps(data, indent=2) + "\n", what="--out")
+    return write_text_atomic(out_dir / STUDY_FILE, strict_json.dumps(data, indent=2) + "\n", what="--out")
 
 
 def run_dir_of(out_dir: Path, size: Size) -> Path:
@@ -116,7 +116,7 @@ def study_busbw(out_dir: Path, measure: MeasureBusbw | None, progress: StudyProg
         return None
     if value is None or value <= 0:
         return None
-    write_text_atomic(out_dir / BUSBW_FILE, json.dumps({"busbw_gbs": value, "measured": time.time()}) + "\n",
+    write_text_atomic(out_dir / BUSBW_FILE, strict_json.dumps({"busbw_gbs": value, "measured": time.time()}) + "\n",
                       what="--out")
     return float(value)
 
@@ -190,7 +190,7 @@ def run_one(request: StudyRequest, size: Size, run_dir: Path, run_size: RunSize)
     except ScalingError as error:
         return record_failure(size, run_dir, log, str(error), 0)
     done = {"fingerprint": fingerprint(request, size), "finished": time.time(), "metrics": asdict(metrics)}
-    write_text_atomic(run_dir / DONE_FILE, json.dumps(done, indent=2) + "\n", what="--out")
+    write_text_atomic(run_dir / DONE_FILE, strict_json.dumps(done, indent=2) + "\n", what="--out")
     return SizeResult(size=size, status="ok", run_dir=run_dir, log=log, metrics=metrics)
 
 
@@ -198,7 +198,7 @@ def record_failure(size: Size, run_dir: Path, log: Path | None, error: str, exit
     """Write ``failed.json`` (so the folder explains itself) and return the failed result."""
     record = {"error": error, "log": str(log) if log else None, "exit_code": exit_code, "failed": time.time()}
     with suppress(ScalerunError):
-        write_text_atomic(run_dir / FAILED_FILE, json.dumps(record, indent=2) + "\n", what="--out")
+        write_text_atomic(run_dir / FAILED_FILE, strict_json.dumps(record, indent=2) + "\n", what="--out")
     return SizeResult(size=size, status="failed", run_dir=run_dir, log=log, error=error)
 
 
@@ -228,7 +228,7 @@ def _existing(path: Path) -> Path | None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = strict_json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -13,7 +13,6 @@ How a trial runs is injected (:data:`RunTrial`): the local launcher or the SLURM
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
 from scalerun.rundir import read_jsonl, step_logs
@@ -106,7 +106,7 @@ def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: d
     result = judge(candidate, steps, run_dir, outcome, clock() - start, warmup_steps)
     record = {"fingerprint": fingerprint, "status": result.status, "error": result.error, "wall_s": result.wall_s,
               "measured": asdict(result.measured) if result.measured else None, "finished": time.time()}
-    write_text_atomic(run_dir / TRIAL_FILE, json.dumps(record, indent=2) + "\n", what="--out")
+    write_text_atomic(run_dir / TRIAL_FILE, strict_json.dumps(record, indent=2) + "\n", what="--out")
     return result
 
 
@@ -156,7 +156,7 @@ def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
 def recorded(run_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[str, Any]) -> TrialResult | None:
     """A finished (or out-of-memory) trial of an earlier call with the same fingerprint."""
     try:
-        record = json.loads((run_dir / TRIAL_FILE).read_text())
+        record = strict_json.loads((run_dir / TRIAL_FILE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("fingerprint") != fingerprint:

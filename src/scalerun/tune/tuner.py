@@ -11,12 +11,12 @@ words) and ``OUT/tune.md``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerun import strict_json
 from scalerun.files import write_text_atomic
 from scalerun.plan import variables
 from scalerun.plan.knobs import Knobs, knobs_text
@@ -187,7 +187,7 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
                               max_pairs=request.check_pairs)
     output = TuneOutput(request=request, result=result, validation=validation, files=())
     data = tune_data(output, spent_s=budget.spent_s)
-    files = (write_text_atomic(out_dir / TUNE_FILE, json.dumps(data, indent=2) + "\n", what="--out"),
+    files = (write_text_atomic(out_dir / TUNE_FILE, strict_json.dumps(data, indent=2) + "\n", what="--out"),
              write_text_atomic(out_dir / TUNE_REPORT, "\n".join(report_lines(output, data)) + "\n", what="--out"))
     return TuneOutput(request=request, result=result, validation=validation, files=files)
 
