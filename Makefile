@@ -82,10 +82,14 @@ bench: $(VENV)/.installed $(VENV)/.extras
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
 # clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf
+# The test suite runs half of its SLURM tests on a second one (/tmp/scalerun-slurm-b):
+# both are started here and kept up between test sessions until cluster-down.
 cluster-up:
 	$(PYTHON) tests/cluster/cluster.py up
+	$(PYTHON) tests/cluster/cluster.py up --second
 
 cluster-down:
+	$(PYTHON) tests/cluster/cluster.py down --second
 	$(PYTHON) tests/cluster/cluster.py down
 
 clean:

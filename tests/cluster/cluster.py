@@ -20,6 +20,7 @@ Usage::
     sinfo; srun -N 2 -n 4 hostname
     python tests/cluster/cluster.py status
     python tests/cluster/cluster.py down
+    python tests/cluster/cluster.py up --second   # the test suite's second cluster
 
 Several test sessions may share the cluster: each joins it (starting it if needed) and
 leaves at its end; the last one to leave stops a cluster that a session started. A
@@ -45,6 +46,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_ROOT = Path(os.environ.get("SCALERUN_CLUSTER_DIR", "/tmp/scalerun-slurm"))
+MACHINE_LOCK = Path("/tmp/scalerun-slurm-clusters.lock")
+"""One lock for every test cluster of this machine: they share munged and /etc/hosts."""
+REGISTRY = Path("/tmp/scalerun-slurm-clusters")
+"""One file per cluster that is up (its root), so the last one down stops what they share."""
 HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "# scalerun test cluster"
 PARTITIONS = ("debug", "standard-g", "small-g")  # debug is the default; the others mimic LUMI
@@ -73,6 +78,10 @@ class ClusterSpec:
     """RealMemory of each node, so memory requests are checked."""
     controller_port: int = 16817
     first_node_port: int = 17001
+    job_id_offset: int = 0
+    """Added to where the job ids of a start begin: two clusters started together (the
+    test suite's two, :func:`second_cluster`) give different ids, so their jobs' per-id
+    folders in /tmp and ports derived from the id never meet."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 200:
@@ -101,6 +110,19 @@ class ClusterSpec:
 
 
 # --- configuration text (pure) -------------------------------------------------------
+
+
+def second_cluster(first: ClusterSpec | None = None) -> ClusterSpec:
+    """A second cluster beside ``first`` (the default one): same node names, addresses and
+    shape, its own folder, controller and node ports, and job ids half the id range away.
+    The test suite runs its SLURM tests in two halves, one per cluster, on two workers:
+    one cluster runs one 2-node job at a time, and many tests wait on their jobs' queue
+    states and signals rather than use the CPUs (tests/slurm_fixture.py)."""
+    first = first or ClusterSpec()
+    return replace(first, root=first.root.with_name(first.root.name + "-b"),
+                   controller_port=first.controller_port + 10,
+                   first_node_port=first.first_node_port + 100,
+                   job_id_offset=first.job_id_offset + 33_500_000)
 
 
 def slurm_conf_text(spec: ClusterSpec, first_job_id: int = 1) -> str:
@@ -299,7 +321,7 @@ def write_config(spec: ClusterSpec) -> None:
         (spec.root / sub).mkdir(parents=True, exist_ok=True)
     # a new range of job ids at every start: tenths of a second since 2026, below SLURM's
     # largest job id (67,043,328); the range comes round again every 77 days
-    first_job_id = 1000 + int((time.time() - 1_767_225_600) * 10) % 67_000_000
+    first_job_id = 1000 + (int((time.time() - 1_767_225_600) * 10) + spec.job_id_offset) % 67_000_000
     spec.conf.write_text(slurm_conf_text(spec, first_job_id))
     (spec.root / "etc" / "gres.conf").write_text(gres_conf_text(spec))
 
@@ -407,11 +429,29 @@ def is_up(spec: ClusterSpec) -> bool:
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
-    """One up/down/join/leave at a time on this machine."""
+    """One up/down/join/leave at a time on this machine, of any of its clusters (they
+    share munged and the /etc/hosts lines)."""
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.with_name(root.name + ".lock"), "w") as handle:
+    with open(MACHINE_LOCK, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def _registry_file(root: Path) -> Path:
+    return REGISTRY / str(root.resolve()).strip("/").replace("/", "%")
+
+
+def _other_clusters_up(root: Path) -> list[Path]:
+    """Roots of the other clusters of this machine that run (registered, or at the two
+    default places, which a cluster started before the registry existed may use)."""
+    registered = [Path(p.read_text()) for p in REGISTRY.glob("*")] if REGISTRY.is_dir() else []
+    candidates = {*registered, DEFAULT_ROOT, second_cluster().root} - {root}
+    up_roots = []
+    for other in sorted(candidates):
+        state = ClusterState.load(other / "cluster.json")
+        if state is not None and is_up(_spec_from_state(state)):
+            up_roots.append(other)
+    return up_roots
 
 
 def live_users(root: Path) -> list[int]:
@@ -499,6 +539,8 @@ def _up(spec: ClusterSpec, owner: str) -> bool:
         owner=owner,
     )
     state.save(spec.state_file)
+    REGISTRY.mkdir(exist_ok=True)
+    _registry_file(spec.root).write_text(str(spec.root))
     wait_idle(spec)
     return True
 
@@ -532,7 +574,8 @@ def _reap(pid: int) -> None:
 
 
 def _down(root: Path) -> None:
-    """Cancel jobs, stop the daemons and munged that `up` started, drop the hosts lines."""
+    """Cancel jobs, stop the daemons; when no other cluster of this machine runs, also
+    munged (if a start of ours started it) and the hosts lines."""
     state = ClusterState.load(root / "cluster.json")
     if state is None:
         return
@@ -544,10 +587,17 @@ def _down(root: Path) -> None:
     # Nodes first, controller last, so no node is marked down while jobs are cancelled.
     for _name, pid in sorted(state.daemons.items(), key=lambda item: item[0] == "slurmctld"):
         _stop_pid(pid, spec.conf)
-    if state.munged_pid and _is_munged(state.munged_pid):
-        os.kill(state.munged_pid, signal.SIGTERM)
-    remove_hosts()
+    others = _other_clusters_up(root)
+    if others:  # munged and the hosts lines serve them: the first one stops them later
+        heir = ClusterState.load(others[0] / "cluster.json")
+        if heir is not None and heir.munged_pid is None and state.munged_pid:
+            replace(heir, munged_pid=state.munged_pid).save(others[0] / "cluster.json")
+    else:
+        if state.munged_pid and _is_munged(state.munged_pid):
+            os.kill(state.munged_pid, signal.SIGTERM)
+        remove_hosts()
     spec.state_file.unlink(missing_ok=True)
+    _registry_file(root).unlink(missing_ok=True)
 
 
 def _is_munged(pid: int) -> bool:
@@ -600,28 +650,34 @@ def check_python_on_nodes(spec: ClusterSpec, python: str, timeout_s: float = 60.
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down", "status"])
-    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--root", type=Path, default=None,
+                        help=f"config and state folder (default {DEFAULT_ROOT})")
+    parser.add_argument("--second", action="store_true",
+                        help="the second cluster the test suite uses: its own folder, ports "
+                             "and job ids (see second_cluster)")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--force", action="store_true", help="down: even while tests use it")
     args = parser.parse_args(argv)
     try:
+        spec = ClusterSpec(
+            root=args.root or DEFAULT_ROOT,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            cpus_per_node=args.cpus_per_node,
+        )
+        if args.second:
+            spec = second_cluster(spec)
         if args.action == "up":
-            spec = ClusterSpec(
-                root=args.root,
-                nodes=args.nodes,
-                gpus_per_node=args.gpus_per_node,
-                cpus_per_node=args.cpus_per_node,
-            )
             started = up(spec)
             print(("started" if started else "already up") + f"; export SLURM_CONF={spec.conf}")
-            print(status(args.root))
+            print(status(spec.root))
         elif args.action == "down":
-            down(args.root, force=args.force)
+            down(spec.root, force=args.force)
             print("down")
         else:
-            print(status(args.root))
+            print(status(spec.root))
     except ClusterError as error:
         print(f"cluster {args.action}: {error}", file=sys.stderr)
         return 1
