@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerun.cli import main as cli_main
 from scalerun.errors import LaunchError
 from tests.launch.requests import local_job
 
@@ -38,12 +39,15 @@ def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
         t = __import__("torch").tensor([dist.get_rank() + 1])
         dist.all_reduce(t)
         print(f"ok rank={dist.get_rank()} local={local_rank} world={dist.get_world_size()} sum={int(t)}")
+        print("greeting", os.environ["GREETING"])
         dist.destroy_process_group()
     """)
-    result = run_cli("launch", "--nproc-per-node", "2", str(script))
+    # --env keeps a launch local (it made it a SLURM submission, issue 34 item 27)
+    result = run_cli("launch", "--nproc-per-node", "2", "--env", "GREETING=hi-${WHO}", str(script), WHO="you")
     assert result.returncode == 0, result.stderr
     assert "[rank0]: ok rank=0 local=0 world=2 sum=3" in result.stdout
     assert "[rank1]: ok rank=1 local=1 world=2 sum=3" in result.stdout
+    assert result.stdout.count("greeting hi-you") == 2
 
 
 def test_scalerun_script_with_filter_and_report(tmp_path: Path) -> None:
@@ -105,6 +109,9 @@ BAD_INPUT = [
     (["launch", "--nproc-per-node", "0", "x.py"], "--nproc-per-node 0 starts no process"),
     (["launch", "--nproc-per-node", "two", "x.py"], "is not a number"),
     (["launch", "missing_script.py"], "script 'missing_script.py' not found"),
+    (["launch", "folder"], "script 'folder' not found (a folder needs a __main__.py)"),
+    (["tune", "--batch", "4", "missing.py", "--", "{per_rank_batch}"], "script 'missing.py' not found"),
+    (["scaling", "--ranks", "1", "missing.py"], "script 'missing.py' not found"),
     (["launch", "--nnodes", "2", "--node-rank", "2", "x.py"], "--node-rank 2 is outside"),
     (["launch", "--local-ranks-filter", "a", "x.py"], "--local-ranks-filter 'a'"),
     (["nonsense"], "invalid choice"),
@@ -122,15 +129,21 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD_INPUT)
-def test_bad_input_is_one_line_without_traceback(tmp_path: Path, argv: list[str],
-                                                 message: str) -> None:
+def test_bad_input_is_one_line_without_traceback(tmp_path: Path, argv: list[str], message: str,
+                                                 capsys, monkeypatch) -> None:
+    """In this process (``scalerun.cli.main``): each is refused before anything starts."""
     (tmp_path / "x.py").write_text("print('never')\n")
-    result = subprocess.run([*SCALERUN, *argv], capture_output=True, text=True, cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(Path.cwd() / "src")})
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in result.stderr
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
 
 
 def test_request_maps_to_torchrun_flags(tmp_path: Path) -> None:

@@ -227,7 +227,6 @@ def test_dry_run_shows_the_rankfile_variables_and_mpirun_command(tmp_path: Path)
     (["--nodes", "2"], "--nodes"),
     (["--site", "nvidia"], "--site"),
     (["--sbatch-arg=--constraint=x"], "--sbatch-arg"),
-    (["--env", "A=1"], "--env"),
     (["--container", "x.sif", "--container-runtime", "singularity"], "--container"),
     (["--nnodes", "2"], "--nnodes"),
     (["--max-restarts", "1"], "--max-restarts 1"),

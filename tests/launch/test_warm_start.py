@@ -305,6 +305,23 @@ def test_a_zipapp_runs_as_python_runs_it(tmp_path: Path) -> None:
     assert seen(results["warm"]) == seen(results["exec"]) == {0: {"rank": 0, "path0": str(app)}}
 
 
+def test_a_folder_with_main_and_a_script_named_like_an_option_run(tmp_path: Path) -> None:
+    """Both were refused or misread (issue 34, item 24): python runs a folder with
+    ``__main__.py``, and ``-c.py`` must reach python as a path, not as its ``-c``."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import os, sys\nprint('SEEN {\"rank\": ' + os.environ['RANK'] + "
+                                     "', \"path0\": \"' + sys.path[0] + '\"}', flush=True)\n")
+    folder = launch("--nproc-per-node", "1", str(app))
+    assert folder.returncode == 0, folder.stderr
+    assert seen(folder) == {0: {"rank": 0, "path0": str(app)}}
+    (tmp_path / "-c.py").write_text("import sys\nprint('SEEN {\"rank\": 0, \"argv\": \"' + sys.argv[1] + '\"}')\n")
+    dashed = subprocess.run([*SCALERUN, "launch", "--no-monitor", "--nproc-per-node", "1", "--", "-c.py", "x"],
+                            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert dashed.returncode == 0, dashed.stderr
+    assert seen(dashed) == {0: {"rank": 0, "argv": "x"}}
+
+
 def test_a_signal_while_the_starter_imports_ends_the_launch_at_once(tmp_path: Path) -> None:
     """Ctrl-C while torch is still importing: the launch ends with 130 within seconds, the
     starter is killed and no rank was started."""

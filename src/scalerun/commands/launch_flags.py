@@ -49,7 +49,7 @@ SLURM_ONLY_DESTS = (
     "cpus_per_task", "mem", "mem_per_gpu", "output", "error", "exclusive", "sbatch_arg",
     "load_module", "setup", "container", "mount", "container_venv", "container_overlay",
     "signal_before", "no_signal", "requeue", "container_runtime", "job_name", "wait",
-    "cpu_bind", "slurm_env",
+    "cpu_bind",
 )
 SLURM_DESTS = (*SLURM_ONLY_DESTS, "mode", "dry_run")
 
@@ -125,7 +125,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--sbatch-arg", action="append", metavar="--OPT=VALUE",
                      help="extra #SBATCH option, e.g. --sbatch-arg=--constraint=mi250 (repeatable)")
     job.add_argument("--env", dest="slurm_env", action="append", metavar="NAME=VALUE",
-                     help="export in the job; ${VAR} expands in the job (repeatable)")
+                     help="give every rank NAME=VALUE, also in a local launch (it makes no launch a "
+                     "SLURM job); ${VAR} expands where the ranks start: in the job, else here (repeatable)")
     job.add_argument("--load-module", action="append", metavar="MODULE",
                      help="module to load before the launch (repeatable)")
     job.add_argument("--setup", action="append", metavar="SHELL",
@@ -354,15 +355,13 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
 
 def program_from_args(args: argparse.Namespace) -> Program:
     """The rank program; a Python file must exist here (the ranks start from this folder)."""
-    from scalerun.commands.script_check import imports_scalerun
+    from scalerun.commands.script_check import imports_scalerun, script_word
 
     entry = ("module" if getattr(args, "module", False)
              else "executable" if getattr(args, "no_python", False) else "file")
-    if entry == "file" and not Path(args.script).is_file():
-        raise LaunchError(
-            f"script {args.script!r} not found; give the path of a Python file (or -m MODULE)")
-    return Program(script=args.script, args=tuple(args.script_args), entry=entry,
-                   calls_init=imports_scalerun(args.script, entry))
+    script = script_word(args.script) if entry == "file" else args.script
+    return Program(script=script, args=tuple(args.script_args), entry=entry,
+                   calls_init=imports_scalerun(script, entry))
 
 
 NPROC_WORDS = ("gpu", "cpu", "auto")

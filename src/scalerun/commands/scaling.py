@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.commands.flags import add_site_argument, after_dashes, seconds
+from scalerun.commands.script_check import script_word
 from scalerun.commands.slurm_runs import cluster_gpus, job_command, run_job_logged, runs_on_slurm
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
@@ -91,7 +92,7 @@ def study_request(args: argparse.Namespace) -> tuple[Any, bool]:
     gpus, most, source = capacity(args, on_slurm)
     steps_args = tuple(arg.replace("{steps}", str(args.steps)) if args.steps else arg for arg in script_args)
     request = StudyRequest(
-        script=args.script, script_args=steps_args, ranks=args.ranks, nodes=args.nodes,
+        script=script_word(args.script) if args.script.strip() else args.script, script_args=steps_args, ranks=args.ranks, nodes=args.nodes,
         gpus_per_node=gpus, mode=args.mode, batch=args.batch, steps=args.steps,
         warmup_steps=args.warmup_steps, max_ranks=most, max_ranks_source=source)
     return request, on_slurm

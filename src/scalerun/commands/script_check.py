@@ -10,7 +10,10 @@ scalerun`` line decides it at the edge, without running the program, before the 
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
+
+from scalerun.errors import LaunchError
 
 SCALERUN_IMPORT = re.compile(r"^\s*(import scalerun\b|from scalerun[\s.])", re.MULTILINE)
 READ_LIMIT = 200_000
@@ -34,6 +37,28 @@ def imports_scalerun(script: str, entry: str = "file") -> bool:
             return False
         path = Path(spec.origin)
     try:
-        return bool(SCALERUN_IMPORT.search(path.read_text(errors="replace")[:READ_LIMIT]))
-    except OSError:
+        return bool(SCALERUN_IMPORT.search(_source(path)[:READ_LIMIT]))
+    except (OSError, KeyError, zipfile.BadZipFile):
         return False
+
+
+def _source(path: Path) -> str:
+    """The text python runs first: the file, a folder's ``__main__.py``, or a zip's."""
+    if path.is_dir():
+        path = path / "__main__.py"
+    elif zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            return archive.read("__main__.py").decode(errors="replace")
+    return path.read_text(errors="replace")
+
+
+def script_word(script: str) -> str:
+    """``script`` as the word the rank command gives python (and torchrun): a Python file,
+    or a folder or zip with ``__main__.py``, which python runs too. A name that begins with
+    ``-`` gets ``./`` in front, or python would read ``-c.py`` as its ``-c`` option."""
+    path = Path(script)
+    if not (path.is_file() or (path / "__main__.py").is_file()):
+        hint = " (a folder needs a __main__.py)" if path.is_dir() else ""
+        raise LaunchError(f"script {script!r} not found{hint}; give the path of a Python file, or of a "
+                          "folder or zip with __main__.py (or -m MODULE)")
+    return f"./{script}" if script.startswith("-") else script

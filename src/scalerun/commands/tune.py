@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalerun.commands.flags import add_site_argument, after_dashes
+from scalerun.commands.script_check import script_word
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 
@@ -114,13 +115,11 @@ def run(args: argparse.Namespace) -> int:
 
     slurm = on_slurm(args) if runs_on_slurm(args) or args.gpus_per_node is not None else None
     request = TuneRequest(
-        script=args.script, script_args=tuple(after_dashes(args.script_args)),
+        script=script_word(args.script) if args.script.strip() else args.script, script_args=tuple(after_dashes(args.script_args)),
         launch_args=tuple(args.launch_arg), facts=node_facts(args) if slurm is None else cluster_facts(args),
         slurm=slurm, budget_s=args.budget,
         first_steps=args.first_steps, warmup_steps=args.warmup_steps, validate_steps=args.steps,
         check_pairs=args.check_pairs)
-    if not Path(args.script).is_file():
-        raise ScalerunError(f"script {args.script!r} not found; give the path of a Python file")
     out = (args.out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     budget = Budget(request.budget_s)
     trials = LocalTrials(request, budget) if slurm is None else SlurmTrials(request, budget)

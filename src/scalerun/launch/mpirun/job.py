@@ -103,8 +103,7 @@ def refuse_unsupported(plan: LaunchPlan) -> None:
     if plan.container is not None:
         raise LaunchError("--container: --mode mpirun starts the ranks on this machine without "
                           "an image; drop --container, or run on SLURM (--mode srun)")
-    if (request.slurm is not None or request.nodes is not None
-            or request.gpus_per_node is not None or request.env):
+    if request.slurm is not None or request.nodes is not None or request.gpus_per_node is not None:
         raise LaunchError(
             f"{slurm_flag(request)}: --mode mpirun runs on this machine only for now (inside "
             "SLURM allocations later); drop the SLURM flags, or use --mode srun")
@@ -129,8 +128,6 @@ def slurm_flag(request: LaunchRequest) -> str:
         return "--nodes"
     if request.gpus_per_node is not None:
         return "--gpus-per-node"
-    if request.env:
-        return "--env"
     slurm = request.slurm or SlurmOptions()
     for field in fields(SlurmOptions):
         if getattr(slurm, field.name) not in (field.default, (), None, False):
