@@ -542,6 +542,7 @@ def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) 
     """The whole pipeline: plan, job, then ``--dry-run``'s text, or the run-directory files
     the plan decided (written here, for every backend) and the run's exit code."""
     from scalerun.launch.observe import write_run_files
+    from scalerun.launch.run_lock import holding, refuse_if_held
     from scalerun.launch.trackers import check_packages
 
     plan = plan_of(request, backend)
@@ -550,5 +551,14 @@ def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) 
         sys.stdout.write(backend.show(job))
         return 0
     check_packages(plan)
-    write_run_files(plan.run_files)
-    return backend.run(job, environ)
+    run_dir = request.observe.run_dir if request.observe else None
+    if run_dir is None:
+        write_run_files(plan.run_files)
+        return backend.run(job, environ)
+    if backend.allocates_nodes:  # it submits; the job takes the lock when it starts
+        refuse_if_held(run_dir)
+        write_run_files(plan.run_files)
+        return backend.run(job, environ)
+    with holding(run_dir, request.local.node_rank):
+        write_run_files(plan.run_files)
+        return backend.run(job, environ)

@@ -305,7 +305,7 @@ def _setup(job: SlurmJob) -> str:
 
 def _launch(job: SlurmJob) -> str:
     res = job.resources
-    lines = _cache_cleanup_trap(job)
+    lines = _run_dir_lock(job) + _cache_cleanup_trap(job)
     if job.mode == "torchrun":
         lines += [
             "# --- rendezvous: torchrun's c10d store on the first node, port fixed by the job id ---",
@@ -401,6 +401,39 @@ def _training_step(job: SlurmJob, command: str) -> list[str]:
             'checkpoint $(<"$STOPPED"); submit this script again to continue"'
         )
     return lines + ["    exit 0", "fi", 'exit "$code"']
+
+
+LOCK_CONFLICT = 75
+"""``flock -E``: the exit code that means "held by another", told apart from a file system
+without locks (the job then goes on unguarded, as a local launch does)."""
+
+
+def _run_dir_lock(job: SlurmJob) -> list[str]:
+    """The job holds its run directory's lock while its script runs, as a local launcher
+    does (:mod:`scalerun.launch.run_lock`): a second live launch into the folder is refused
+    in one line. A requeue of the job takes it again; the kernel drops it when the script
+    ends. The launch that submitted refused already when the lock was held at submit time;
+    this catches a job that starts while another launch into the folder still runs."""
+    if job.run_dir is None:
+        return []
+    from scalerun.launch.run_lock import lock_path
+
+    lock = shell_quote(str(lock_path(job.run_dir)))
+    folder = shell_quote(str(job.run_dir))
+    return [
+        "# --- one live launch per run directory: this job holds its lock while it runs ---",
+        "if command -v flock >/dev/null; then",
+        f"    exec 9>>{lock}",
+        f"    if flock -n -E {LOCK_CONFLICT} 9; then",
+        f'        echo "job ${{SLURM_JOB_ID}} on $(hostname) since $(date \'+%F %T\')" > {lock}',
+        f"    elif [[ $? == {LOCK_CONFLICT} ]]; then",
+        f'        echo "scalerun: --run-dir "{folder}" is in use by a live launch ($(<{lock})); submit '
+        'again once it ended, or with another --run-dir" >&2',
+        "        exit 1",
+        "    fi",
+        "fi",
+        "",
+    ]
 
 
 CACHE_CLEANUP_PROGRAM = ("import os; from scalerun.netconf.caches import remove_job_caches; "
