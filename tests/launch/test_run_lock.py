@@ -27,10 +27,9 @@ PROBE = REPO / "tests" / "fixtures" / "slurm" / "probe.py"
 def test_a_second_holder_is_refused_and_the_next_launch_after_it_appends(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with holding(run):
-        with pytest.raises(LaunchError, match=rf"--run-dir {run} is in use by a live launch \(pid {os.getpid()} "
-                                              r"on .* since .*\); give another --run-dir"):
-            with holding(run):
-                pass
+        refusal = rf"--run-dir {run} is in use by a live launch \(pid {os.getpid()} on .* since .*\); give another"
+        with pytest.raises(LaunchError, match=refusal), holding(run):
+            pass
         with pytest.raises(LaunchError, match="is in use by a live launch"):
             refuse_if_held(run)
         with holding(run, node_rank=1):  # the second node of one multi-node launch
