@@ -33,6 +33,7 @@ from typing import Any
 from scalerun import strict_json
 from scalerun.files import new_file_mode
 from scalerun.plan.variables import EVENTS_FILE
+from scalerun.run_writer import say_on_stderr, why
 
 KINDS = ("straggler", "recovered", "restart", "preempted", "requeued", "hang", "failed",
          "resumed")
@@ -82,17 +83,24 @@ def events_path(run_dir: Path) -> Path:
     return Path(run_dir) / EVENTS_FILE
 
 
-def append_event(run_dir: Path, event: Event) -> None:
-    """Append one event as one whole line (one ``write`` on an ``O_APPEND`` file)."""
+def append_event(run_dir: Path, event: Event) -> bool:
+    """Append one event as one whole line (one ``write`` on an ``O_APPEND`` file); False,
+    with one line on stderr, where the disk refuses it: an event is observation, and its
+    writer (a launcher, a sampler) goes on (:mod:`scalerun.run_writer`)."""
     path = events_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = (strict_json.dumps(event.record(), separators=(",", ":")) + "\n").encode()
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                         new_file_mode())
     try:
-        os.write(descriptor, line)
-    finally:
-        os.close(descriptor)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, new_file_mode())
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+    except OSError as error:
+        say_on_stderr(f"scalerun: cannot write the events file {path}: {why(error)}; this event is "
+                      f"not kept: {event.kind}: {event.message}")
+        return False
+    return True
 
 
 def read_events(run_dir: Path) -> list[Event]:

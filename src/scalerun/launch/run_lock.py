@@ -39,17 +39,21 @@ def lock_path(run_dir: Path, node_rank: int = 0) -> Path:
 def holding(run_dir: Path, node_rank: int = 0) -> Iterator[None]:
     """Hold the run directory's lock for this node while the block runs; refuse in one line
     (:class:`LaunchError`) when a live launch holds it."""
+    path = lock_path(run_dir, node_rank)
     try:
         make_dirs(Path(run_dir))
-        descriptor = os.open(lock_path(run_dir, node_rank), os.O_RDWR | os.O_CREAT, new_file_mode())
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, new_file_mode()))
+        # held open read-only: flock needs no write access, and a file system with no file
+        # open for writing can still be remounted read-only (by an admin, or on errors)
+        descriptor = os.open(path, os.O_RDONLY)
     except OSError as error:
         raise LaunchError(f"cannot write --run-dir {run_dir}: {error.strerror}; choose a writable "
                           "place") from None
     try:
         if _lock(descriptor, run_dir):
-            os.ftruncate(descriptor, 0)
-            os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since "
-                                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            with contextlib.suppress(OSError):  # the holder's name is only for the refusal's line
+                path.write_text(f"pid {os.getpid()} on {socket.gethostname()} since "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         yield
     finally:
         os.close(descriptor)  # the lock goes with it; the file stays (removing it would race)

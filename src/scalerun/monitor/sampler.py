@@ -36,7 +36,7 @@ from scalerun.monitor.backend import ToolError
 from scalerun.monitor.host import HostSampler, RankSource
 from scalerun.monitor.records import Meta, Sample
 from scalerun.monitor.select import Choice
-from scalerun.rundir import append_jsonl
+from scalerun.run_writer import Appender
 
 DEFAULT_INTERVAL_S = 1.0
 FLUSH_S = 5.0
@@ -68,6 +68,7 @@ class Sampler:
                 f"use {DEFAULT_INTERVAL_S:g}, the default"
             )
         self.path, self.node, self.choice = path, node, choice
+        self._appender = Appender(path, "monitor file")
         self.interval_s, self.flush_s = interval_s, flush_s
         wanted = choice.backend.min_period_s if gpu_interval_s is None else gpu_interval_s
         self.gpu_interval_s = max(interval_s, wanted)
@@ -119,7 +120,7 @@ class Sampler:
         """
         stop = stop or self._stop
         wait = wait or stop.wait
-        append_jsonl(self.path, [self.meta().to_record()])  # at once: the node is known
+        self._appender.append([self.meta().to_record()])  # at once: the node is known
         tick = self._clock()
         try:
             while not stop.is_set():
@@ -134,12 +135,14 @@ class Sampler:
                     break
         finally:
             self.flush()
+            self._appender.close()
             self.choice.backend.close()
 
     def flush(self) -> None:
-        """Write the buffered samples as whole lines."""
+        """Write the buffered samples as whole lines (held and written later where the disk
+        refuses them: :class:`scalerun.run_writer.Appender`)."""
         records, self._buffer = self._buffer, []
-        append_jsonl(self.path, records)
+        self._appender.append(records)
         self._last_flush = self._clock()
 
     def start(self) -> None:

@@ -43,6 +43,7 @@ from scalerun import strict_json
 from scalerun.errors import ScalerunError
 from scalerun.plan import variables
 from scalerun.plan.request import MAX_TIMEOUT_S
+from scalerun.run_writer import say_on_stderr
 from scalerun.runtime.stacks import (
     Frame,
     hang_report,
@@ -129,7 +130,10 @@ def declare(stacks: Path, rank: int) -> None:
 
     if not (stacks / DECLARED_FILE).exists():
         record = {"rank": rank, "t": round(time.time(), 3)}
-        write_text_atomic(stacks / DECLARED_FILE, strict_json.dumps(record) + "\n")
+        try:
+            write_text_atomic(stacks / DECLARED_FILE, strict_json.dumps(record) + "\n")
+        except ScalerunError as error:  # a full disk: the others find the hang by their own timers
+            say_on_stderr(f"scalerun: {error}; the other ranks are not told of the hang")
 
 
 def declared_by(stacks: Path | None, since: float) -> int | None:

@@ -16,12 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from scalerun.plan import variables
-from scalerun.rundir import append_jsonl, ranks_path, run_dir_from
+from scalerun.run_writer import append_or_say
+from scalerun.rundir import ranks_path, run_dir_from
 
 
 def record_rank(path: Path, rank: int, local_rank: int | None, pid: int | None = None) -> None:
-    """Append this rank's line to a ranks file (one whole-line write, safe beside others)."""
-    append_jsonl(path, [{"rank": rank, "local_rank": local_rank, "pid": pid or os.getpid()}])
+    """Append this rank's line to a ranks file (one whole-line write, safe beside others);
+    a disk that refuses it costs the sampler this rank's numbers, never the rank."""
+    append_or_say(path, "ranks file", [{"rank": rank, "local_rank": local_rank, "pid": pid or os.getpid()}],
+                  f"the node's sampler does not see rank {rank}'s CPU and memory; the training goes on")
 
 
 def register_rank(rank: int, local_rank: int, environ: Mapping[str, str] | None = None) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalerun.rundir import append_jsonl
+from scalerun.run_writer import Appender
 from scalerun.runtime import steplog_reader as keys
 
 
@@ -100,6 +100,8 @@ class StepLog:
         self.flush_every_s = flush_every_s
         self.sink = sink
         """Also receives every written record (TensorBoard)."""
+        self._appender = Appender(path, "step log")
+        """Never raises for the write: a full disk costs records, not the training."""
         self._meta_written = False
         self._pending: list[PendingStep] = []
         self._closing: PendingStep | None = None
@@ -227,7 +229,7 @@ class StepLog:
             self.meta[keys.NOT_MEASURED] = self._not_measured(records)
         lines = ([] if self._meta_written else [{keys.KIND: keys.META_KIND, **self.meta}]) + records
         if lines:
-            append_jsonl(self.path, lines)
+            self._appender.append(lines)  # held and written later where the disk refuses them
             self._meta_written = True
         if self.sink is not None and records:
             self.sink(records)
@@ -252,7 +254,8 @@ class StepLog:
     def close(self) -> None:
         self.flush(everything=True)
         if self._meta_written:
-            append_jsonl(self.path, [{keys.KIND: keys.END_KIND, keys.T: self.clock(), **peak_memory()}])
+            self._appender.append([{keys.KIND: keys.END_KIND, keys.T: self.clock(), **peak_memory()}])
+        self._appender.close()
 
 
 def peak_memory() -> dict[str, float | None]:

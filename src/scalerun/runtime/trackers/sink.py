@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
 from scalerun.plan import variables
 from scalerun.rundir import step_log_path
@@ -66,8 +67,11 @@ def sink_for_rank(run_dir: Path, rank: int) -> TrackerSink | None:
     if rank == 0:
         sink.configure(read_track_config(run_dir))
         identities = {name: {**identity, LAUNCH_KEY: launch} for name, identity in sink.identities().items()}
-        write_text_atomic(run_dir / variables.TRACKERS_FILE, json.dumps(identities, indent=2) + "\n",
-                          what="--run-dir")
+        try:
+            write_text_atomic(run_dir / variables.TRACKERS_FILE, json.dumps(identities, indent=2) + "\n",
+                              what="--run-dir")
+        except ScalerunError as error:  # a full disk costs the report's attachment, not the run
+            say(f"{error}; the job report will not be attached to the trackers' runs")
     # atexit runs the last registered first: the step log registers its close after this
     # sink exists, so its last records reach the trackers before they end
     atexit.register(sink.close)

@@ -1,0 +1,118 @@
+"""A full or read-only run-directory disk costs records, never the training (issue 34, item 1).
+
+Real launches on a real small tmpfs, in a mount namespace of their own (``unshare -m``, as
+root), so nothing of this machine's mounts changes:
+
+- a 2 MB tmpfs filled before the launch, with a ``scalerun.wrap`` loop (its step log was
+  written from inside the user's ``optimizer.step()``, and ENOSPC ended every rank);
+- a tmpfs remounted read-only while a plain torch loop runs (the step hooks write its log),
+  after some steps were written: those stay, the rest is lost, and it is said.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                       reason="needs root and unshare(1) to mount a small tmpfs in a namespace"),
+]
+
+WRAPPED = """
+    import os, sys, time, torch, scalerun
+    ctx = scalerun.init()
+    model = scalerun.wrap(torch.nn.Linear(8, 1), lambda params: torch.optim.SGD(params, lr=0.01))
+    while not os.path.exists(sys.argv[1]):  # the disk is filled meanwhile
+        time.sleep(0.05)
+    for step in range(150):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        model.backward(loss)
+        model.step()
+        scalerun.log(loss=loss)
+        time.sleep(0.01)
+    print("trained rank", ctx.rank, flush=True)
+"""
+PLAIN = """
+    import os, sys, time, torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    go, after = sys.argv[1], 0
+    while after < 60:
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        after += os.path.exists(go)
+        time.sleep(0.01)
+    print("trained rank", dist.get_rank(), flush=True)
+"""
+
+
+def in_namespace(tmp_path: Path, shell: str) -> subprocess.CompletedProcess:
+    """Run ``shell`` in a mount namespace with a 2 MB tmpfs at ``$DISK``."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = f"mount -t tmpfs -o size=2m scalerun-test {disk} && {textwrap.dedent(shell)}"
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "DISK": str(disk), "PYTHON": sys.executable})
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_full_disk_costs_the_step_log_not_the_training(tmp_path: Path) -> None:
+    script = write(tmp_path, "wrapped.py", WRAPPED)
+    go = tmp_path / "go"
+    done = in_namespace(tmp_path, f"""
+        "$PYTHON" -m scalerun launch --nproc-per-node 2 --run-dir "$DISK/run" {script} {go} &
+        launch=$!
+        i=0
+        until [ -s "$DISK/run/run.json" ] || [ $i -gt 600 ]; do sleep 0.1; i=$((i+1)); done
+        head -c 3m /dev/zero > "$DISK/fill" 2>/dev/null; touch {go}
+        wait $launch
+        echo "launch exit $?"
+    """)
+    assert "launch exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("trained rank") == 2
+    assert "Traceback" not in done.stderr and "No space left" not in done.stderr
+    for rank in (0, 1):
+        assert (f"[rank{rank}]: scalerun: cannot write the step log {tmp_path}/disk/run/steps/rank-{rank}.jsonl: "
+                "the disk is full; the training goes on") in done.stderr
+        assert f"of the step log {tmp_path}/disk/run/steps/rank-{rank}.jsonl were never written" in done.stderr
+
+
+def test_a_read_only_remount_mid_run_keeps_what_was_written_and_the_training(tmp_path: Path) -> None:
+    script = write(tmp_path, "plain.py", PLAIN)
+    go = tmp_path / "go"
+    done = in_namespace(tmp_path, f"""
+        "$PYTHON" -m scalerun launch --nproc-per-node 2 --run-dir "$DISK/run" {script} {go} &
+        launch=$!
+        i=0
+        until grep -q '"kind":"step"' "$DISK/run/steps/rank-0.jsonl" 2>/dev/null || [ $i -gt 600 ]; do
+            sleep 0.1; i=$((i+1))
+        done
+        mount -o remount,ro "$DISK" && touch {go}
+        wait $launch
+        echo "launch exit $?"
+        grep -c '"kind":"step"' "$DISK/run/steps/rank-0.jsonl"
+    """)
+    out = done.stdout
+    assert "launch exit 0" in out, out[-3000:] + done.stderr[-3000:]
+    assert out.count("trained rank") == 2 and "Traceback" not in done.stderr
+    assert int(out.strip().splitlines()[-1]) >= 1  # the steps before the remount are kept
+    assert ("scalerun: cannot write the step log " in done.stderr
+            and "the file system is read-only; the training goes on" in done.stderr), done.stderr[-3000:]
