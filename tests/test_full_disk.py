@@ -6,7 +6,10 @@ root), so nothing of this machine's mounts changes:
 - a 2 MB tmpfs filled before the launch, with a ``scalerun.wrap`` loop (its step log was
   written from inside the user's ``optimizer.step()``, and ENOSPC ended every rank);
 - a tmpfs remounted read-only while a plain torch loop runs (the step hooks write its log),
-  after some steps were written: those stay, the rest is lost, and it is said.
+  after some steps were written: those stay, the rest is lost, and it is said;
+- a checkpoint saved, the disk filled, a second save: refused on both ranks in one line
+  naming the disk and the folder (it was torch's ``basic_ios::clear: iostream error``),
+  the first checkpoint intact and nothing of the second left.
 """
 
 from __future__ import annotations
@@ -38,6 +41,32 @@ WRAPPED = """
         model.step()
         scalerun.log(loss=loss)
         time.sleep(0.01)
+    print("trained rank", ctx.rank, flush=True)
+"""
+SAVING = """
+    import os, sys, time, torch, scalerun
+    from scalerun.errors import ScalerunError
+    ctx = scalerun.init()
+    model = scalerun.wrap(torch.nn.Linear(64, 64), lambda params: torch.optim.SGD(params, lr=0.01))
+    folder = os.path.join(os.environ["DISK"], "checkpoints")
+
+    def step():
+        model.backward(model(torch.randn(4, 64)).pow(2).mean())
+        model.step()
+
+    scalerun.checkpoint.load(folder, model)
+    step()
+    scalerun.checkpoint.save(folder, model)
+    while not os.path.exists(sys.argv[1]):  # the disk is filled meanwhile
+        time.sleep(0.05)
+    step()
+    try:
+        scalerun.checkpoint.save(folder, model)
+    except ScalerunError as error:
+        print(f"refused on rank {ctx.rank}: {error}", flush=True)
+    scalerun.barrier()
+    if ctx.rank == 0:
+        print("left:", sorted(os.listdir(folder)), flush=True)
     print("trained rank", ctx.rank, flush=True)
 """
 PLAIN = """
@@ -110,3 +139,17 @@ def test_a_read_only_remount_mid_run_keeps_what_was_written_and_the_training(tmp
     assert int(out.strip().splitlines()[-1]) >= 1  # the steps before the remount are kept
     assert ("scalerun: cannot write the step log " in done.stderr
             and "the file system is read-only; the training goes on" in done.stderr), done.stderr[-3000:]
+
+
+def test_a_save_on_a_full_disk_names_the_disk_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    script = write(tmp_path, "saving.py", SAVING)
+    folder = tmp_path / "disk" / "checkpoints"
+    done = launch_then(tmp_path, script, ready='[ -f "$DISK/checkpoints/latest" ]',
+                       harm='head -c 3m /dev/zero > "$DISK/fill" 2>/dev/null; ls -a "$DISK/checkpoints"')
+    assert "launch exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("trained rank") == 2 and "Traceback" not in done.stderr
+    for rank in (0, 1):
+        assert (f"refused on rank {rank}: saving step-00000002 into {folder} failed: ") in done.stdout
+    assert (f"; the disk at {tmp_path / 'disk'} has 0 MiB free of 2 MiB; the previous checkpoint "
+            "step-00000001 is intact") in done.stdout, done.stdout
+    assert "left: ['latest', 'step-00000001']" in done.stdout

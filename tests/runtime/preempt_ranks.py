@@ -74,7 +74,8 @@ def refusals(directory: str) -> dict[str, Any]:
     root = Path(directory)
     results = {}
     for case in ("other_model", "truncated", "missing_rank", "bad_meta", "bit_rot", "null_world", "text_step",
-                 "huge_world", "fresh_start"):
+                 "huge_world", "fresh_start", "newer_without_meta", "a_file", "save_into_a_file",
+                 "newer_without_meta/step-00000005"):
         model, loader = build(scalerun.context(), "ddp", {"accumulation": 1}, seed=0)
         if case == "other_model":
             net = TinyNet(width=8)
@@ -82,6 +83,8 @@ def refusals(directory: str) -> dict[str, Any]:
         try:
             if case == "fresh_start":
                 checkpoint.save(root / "good", model, step=9)
+            elif case == "save_into_a_file":
+                checkpoint.save(root / "a_file", model, step=9)
             else:
                 checkpoint.load(root / case, model, loader=loader)
             results[case] = None

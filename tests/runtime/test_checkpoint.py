@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerun.errors import ScalerunError
 from scalerun.runtime.checkpoint import complete_checkpoints, latest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,9 +92,13 @@ def make_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
     [
         ([1, 2], [], "step-00000001", "step-00000001"),  # the pointer wins over newer folders
         ([1, 2], [], None, "step-00000002"),  # pointer lost in a crash: newest complete
-        ([1], [2], "step-00000002", "step-00000001"),  # pointer to a folder without meta.json
         ([1, 2], [], "step-00000009", "step-00000002"),  # pointer to a pruned folder
-        ([], [3], None, None),  # nothing complete: a fresh start
+        ([2], [1], None, "step-00000002"),  # an older folder without meta.json: not in the way
+        ([], [], None, None),  # nothing saved: a fresh start
+        # a newer step folder without meta.json (a save renames it into place whole) is
+        # damage: never skipped for the older one, nor for a fresh start (issue 34, item 5)
+        ([1], [2], "step-00000002", "refused: step-00000002 has no meta.json"),
+        ([], [3], None, "refused: step-00000003 has no meta.json"),
     ],
 )
 def test_latest_follows_the_pointer_only_to_complete_checkpoints(
@@ -105,6 +110,10 @@ def test_latest_follows_the_pointer_only_to_complete_checkpoints(
         make_checkpoint(tmp_path, step, complete=False)
     if pointer is not None:
         (tmp_path / "latest").write_text(pointer + "\n")
+    if expected is not None and expected.startswith("refused: "):
+        with pytest.raises(ScalerunError, match=expected.removeprefix("refused: ")):
+            latest(tmp_path)
+        return
     found = latest(tmp_path)
     assert (found.name if found else None) == expected
 
@@ -167,6 +176,12 @@ def test_folders_that_cannot_be_resumed_are_refused_in_one_line(tmp_path: Path) 
         meta = json.loads((cases[case] / "meta.json").read_text())
         meta[key] = value
         (cases[case] / "meta.json").write_text(json.dumps(meta))
+    # a newer step folder that lost its meta.json: never skipped for the older one
+    newer = tmp_path / "newer_without_meta"
+    shutil.copytree(good, newer / good.name)
+    shutil.copytree(good, newer / "step-00000005")
+    (newer / "step-00000005" / "meta.json").unlink()
+    (tmp_path / "a_file").write_text("not a folder\n")
 
     done = helper_run(tmp_path, "refusals")
     assert done.returncode == 0, done.stdout
@@ -182,6 +197,11 @@ def test_folders_that_cannot_be_resumed_are_refused_in_one_line(tmp_path: Path) 
         "huge_world": (f"{cases['huge_world'] / 'meta.json'} is damaged: its world_size is 1000000000", "from 1 to"),
         "fresh_start": (f"{tmp_path / 'good'} holds checkpoint step-00000002, which this run did not "
                         "resume from", "scalerun.checkpoint.load"),
+        "newer_without_meta": (f"{newer / 'step-00000005'} has no meta.json, so it cannot be loaded, and "
+                               "it is newer than step-00000002", "remove it to resume from step-00000002"),
+        "newer_without_meta/step-00000005": (f"{newer / 'step-00000005'} has no meta.json", "give its parent"),
+        "a_file": (f"{tmp_path / 'a_file'} is a file, not a checkpoint folder", "give a folder"),
+        "save_into_a_file": (f"{tmp_path / 'a_file'} is a file, not a checkpoint folder", "give a folder"),
     }
     for case, parts in expected.items():
         assert said[case] is not None and "\n" not in said[case], (case, said[case])

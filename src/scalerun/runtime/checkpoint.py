@@ -158,16 +158,41 @@ def latest(path: str | os.PathLike) -> Path | None:
     """The checkpoint to resume from: ``path`` itself if it is one, else what ``latest``
     names, else the newest complete one (the pointer was lost in a crash); None if none."""
     root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise ScalerunError(f"{root} is a file, not a checkpoint folder; give a folder (it keeps one "
+                            f"{PREFIX}N folder per saved step)")
     if is_complete(root):
         return root
+    if root.name.startswith(PREFIX) and root.is_dir():
+        raise ScalerunError(f"{root} has no {META} (written last at a save): it is damaged or was "
+                            "never finished; give its parent folder to resume from the newest complete one")
     recover_replaced(root)
+    chosen = None
     pointer = root / POINTER
     if pointer.is_file():
         named = root / pointer.read_text().strip()
         if is_complete(named):
-            return named
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
+            chosen = named
+    if chosen is None:
+        found = complete_checkpoints(root)
+        chosen = found[-1] if found else None
+    _refuse_a_newer_damaged_one(root, chosen)
+    return chosen
+
+
+def _refuse_a_newer_damaged_one(root: Path, chosen: Path | None) -> None:
+    """A checkpoint folder newer than ``chosen`` without its meta.json was damaged after its
+    save (a save renames the folder into place with meta.json inside): resuming from an
+    older one without a word would silently lose the steps between them."""
+    if not root.is_dir():
+        return
+    newer = sorted(d for d in root.iterdir() if d.is_dir() and d.name.startswith(PREFIX)
+                   and not (d / META).is_file() and (chosen is None or d.name > chosen.name))
+    if newer:
+        instead = f"resume from {chosen.name}" if chosen is not None else "start afresh"
+        raise ScalerunError(f"{newer[-1]} has no {META}, so it cannot be loaded, and it is newer than "
+                            f"{chosen.name if chosen is not None else 'any complete checkpoint'}; remove it "
+                            f"to {instead}, or restore its {META}")
 
 
 # -- save --------------------------------------------------------------------------------
@@ -210,23 +235,108 @@ def save(
     refuse_foreign(root)
     watch_loader(loader)  # the position a save on a signal records (scalerun.runtime.preempt)
     _note_script_folder(root)  # and where it saves, unless the launcher named a folder
-    temporary = root / f"{TEMPORARY}{step_name(step)}"
+    name = step_name(step)
+    temporary = root / f"{TEMPORARY}{name}"
+
+    def prepare() -> None:
+        if ctx.rank == 0:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+
+    def write_rank_files() -> None:
+        state.save_state(temporary)
+        torch.save(rank_state, temporary / f"rank-{ctx.rank:05d}.pt")
+
+    def publish() -> None:
+        if ctx.rank == 0:  # every rank's files are written (the phase before agreed)
+            torch.save(_loop_state(state, wrapped, extra), temporary / LOOP)
+            meta[FILES] = checksums(temporary)
+            _write_json(temporary / META, meta)
+            _prune(root, keep_last, _publish(root, temporary, name))
+
+    for work in (prepare, write_rank_files, publish):
+        _agreed_phase(ctx, root, name, temporary, work)
+    _owned.add(_key(root))
+    return root / name
+
+
+def _agreed_phase(ctx: Context, root: Path, name: str, temporary: Path, work: Any) -> None:
+    """Run one phase of a save on this rank, then agree with every rank on how it went (in
+    place of a barrier): a rank whose disk refused its files raises, and so does every other
+    rank, instead of waiting at the next barrier for a rank that left. The unfinished folder
+    is removed (it only held this save); the previous checkpoint is untouched."""
+    from scalerun.runtime import hang
+
+    error: BaseException | None = None
+    try:
+        work()
+    except Exception as caught:  # noqa: BLE001 - every rank must hear of it; re-raised below
+        error = caught
+    mine = None if error is None else (type(error).__name__, _one_line(str(error))[:200])
+    failures = [mine]
+    if ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
+        failures = [None] * ctx.world_size
+        dist.all_gather_object(failures, mine)
+    hang.progress()  # every rank got here
+    bad = [(rank, failure) for rank, failure in enumerate(failures) if failure is not None]
+    if not bad:
+        return
     if ctx.rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
-    barrier()
-    state.save_state(temporary)
-    torch.save(rank_state, temporary / f"rank-{ctx.rank:05d}.pt")
-    barrier()
-    if ctx.rank == 0:
-        torch.save(_loop_state(state, wrapped, extra), temporary / LOOP)
-        meta[FILES] = checksums(temporary)  # every rank's files are written (the barrier above)
-        _write_json(temporary / META, meta)
-        final = _publish(root, temporary, step_name(step))
-        _prune(root, keep_last, final)
-    barrier()
-    _owned.add(_key(root))
-    return root / step_name(step)
+    if error is not None:
+        if not is_write_failure(error):
+            raise error
+        raise ScalerunError(save_failure(root, name, error)) from None
+    rank, (kind, text) = bad[0]
+    raise ScalerunError(f"saving {name} into {root} failed on rank {rank} ({kind}: {text}); every rank "
+                        "stops the save with it; the previous checkpoint is untouched")
+
+
+WRITE_FAILURES = ("write failed", "iostream error", "No space left", "Read-only file system",
+                  "Disk quota exceeded")
+"""What torch's writer says when the disk refused its bytes (it raises RuntimeError, with
+only ``basic_ios::clear: iostream error`` for a full disk)."""
+
+
+def is_write_failure(error: BaseException) -> bool:
+    return write_failure_in(error) is not None
+
+
+def write_failure_in(error: BaseException) -> BaseException | None:
+    """The exception of ``error``'s chain that says the disk refused the bytes (torch raises
+    ``unexpected pos`` while handling its own ``iostream error``); None when it is none."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) or any(text in str(current) for text in WRITE_FAILURES):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def save_failure(root: Path, name: str, error: BaseException) -> str:
+    """One line: which save failed, why, the disk (its mount point and space) and the folder,
+    and that the previous checkpoint is untouched (saves write aside, then rename)."""
+    from scalerun.run_writer import why
+
+    error = write_failure_in(error) or error
+    cause = why(error) if isinstance(error, OSError) else _one_line(str(error))[:200]
+    mount = Path(os.path.realpath(root if root.exists() else root.parent))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        usage = shutil.disk_usage(mount)
+        disk = f"the disk at {mount} has {usage.free / 2**20:,.0f} MiB free of {usage.total / 2**20:,.0f} MiB"
+    except OSError:
+        disk = f"the disk at {mount}"
+    try:
+        previous = latest(root)
+    except ScalerunError:
+        previous = None
+    kept = (f"the previous checkpoint {previous.name} is intact" if previous is not None
+            else "there is no earlier checkpoint")
+    return f"saving {name} into {root} failed: {cause}; {disk}; {kept}"
 
 
 def _key(root: Path) -> Path:
