@@ -78,6 +78,38 @@ class Event:
                    details=details if isinstance(details, dict) else {})
 
 
+def started_again(environ: Mapping[str, str]) -> list[Event]:
+    """The events of a rank started again: by torch elastic's agent after a failure
+    (``TORCHELASTIC_RESTART_COUNT``), or by SLURM in a requeued job (``SLURM_RESTART_COUNT``).
+    Rank 0 records them at ``init()`` (:func:`record_rank_events`)."""
+    found = []
+    restarts = _count(environ.get("TORCHELASTIC_RESTART_COUNT"))
+    if restarts:
+        found.append(Event(kind="restart", message=f"the ranks were started again after a failure "
+                                                   f"(restart {restarts})", details={"restart": restarts}))
+    requeues = _count(environ.get("SLURM_RESTART_COUNT"))
+    if requeues:
+        job = environ.get("SLURM_JOB_ID", "?")
+        found.append(Event(kind="requeued", message=f"SLURM job {job} started again (requeue {requeues})",
+                           details={"requeue": requeues}))
+    return found
+
+
+def _count(text: str | None) -> int:
+    try:
+        return max(0, int(text or 0))
+    except ValueError:
+        return 0
+
+
+def record_rank_events(run_dir: Path | None, rank: int, events: list[Event]) -> None:
+    """Rank 0 appends ``events`` to the run's file (each rank would write each once more)."""
+    if run_dir is None or rank != 0:
+        return
+    for event in events:
+        append_event(run_dir, event)
+
+
 def events_path(run_dir: Path) -> Path:
     """``RUN_DIR/events.jsonl``."""
     return Path(run_dir) / EVENTS_FILE

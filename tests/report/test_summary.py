@@ -12,7 +12,7 @@ from scalerun.monitor.select import Choice
 from scalerun.report import summary_lines
 from scalerun.rundir import monitor_path
 from tests.monitor.fakes import FakeClock
-from tests.report.runs import NVIDIA_NODE, Job, ScriptedHost, Work, run_until, write_job
+from tests.report.runs import NVIDIA_NODE, START, Job, ScriptedHost, Work, run_until, write_job
 
 
 def make(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -89,3 +89,32 @@ def test_how_a_run_ended_badly_is_the_first_verdict(tmp_path: Path, job: Job, ve
 def test_how_a_run_ended_is_the_verdict_even_with_nothing_recorded(tmp_path: Path) -> None:
     assert summary_lines(tmp_path / "missing", ended="rank 1 failed with exit code 3")[2] == (
         "verdict: rank 1 failed with exit code 3")
+
+
+@pytest.mark.parametrize(("later_steps", "verdict"), [
+    (False, "verdict: preempted: the ranks stopped on SIGUSR1 after step 40 and saved /c/step-00000040"),
+    (True, "verdict: no problem found"),  # the run went on after it (resumed in the same folder)
+])
+def test_a_preemption_recorded_in_the_events_is_how_the_run_ended(tmp_path: Path, later_steps: bool,
+                                                                  verdict: str) -> None:
+    """``scalerun report`` after a preemption said "no problem found" (issue 34, item 15);
+    the launcher's own verdict names it once, not once more as "+1 more"."""
+    from scalerun.events import Event, append_event
+
+    run = write_job(tmp_path / "run", Job(), monitor=False)
+    t = START + (-100 if later_steps else 10_000)
+    message = "the ranks stopped on SIGUSR1 after step 40 and saved /c/step-00000040"
+    append_event(run, Event(kind="preempted", message=message, t=t, rank=0, step=40))
+    assert summary_lines(run)[2] == verdict
+    assert summary_lines(run, ended=f"preempted: {message}")[2] == f"verdict: preempted: {message}"
+
+
+def test_restarts_recorded_in_the_events_are_a_verdict(tmp_path: Path) -> None:
+    from scalerun.events import append_event, started_again
+
+    run = write_job(tmp_path / "run", Job(), monitor=False)
+    for event in started_again({"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_RESTART_COUNT": "2",
+                                "SLURM_JOB_ID": "7"}):
+        append_event(run, event)
+    assert summary_lines(run)[2] == "verdict: the ranks failed and were started again 1 time(s)"
+    assert started_again({"TORCHELASTIC_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "x"}) == []

@@ -17,6 +17,7 @@ import pytest
 
 from scalerun.cli import build_parser
 from scalerun.errors import LaunchError, ScalerunError, SiteError
+from scalerun.events import read_events
 from scalerun.launch import hang as launch_hang
 from scalerun.launch.local.tail import tail_whole_lines
 from scalerun.launch.slurm.render import program_words
@@ -438,6 +439,11 @@ def test_a_rank_lost_once_is_restarted_and_the_job_resumes_and_finishes(tmp_path
     assert "[rank0]: attempt 0 starts at step 0" in done.stdout
     assert "[rank0]: attempt 1 starts at step 3" in done.stdout  # the last complete checkpoint
     assert "[rank0]: attempt 1 finished at step 6" in done.stdout
+    # the restart and the resume are events, and the restart is a verdict of the report
+    events = [(e.kind, e.message) for e in read_events(tmp_path / "run")]
+    assert events == [("restart", "the ranks were started again after a failure (restart 1)"),
+                      ("resumed", f"resumed from step 3 ({tmp_path / 'ckpt' / 'step-00000003'})")]
+    assert "verdict: the ranks failed and were started again 1 time(s)" in done.stderr
 
 
 @pytest.mark.slurm

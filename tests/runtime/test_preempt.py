@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerun.events import read_events
+from scalerun.report import summary_lines
 from scalerun.runtime import preempt
 from tests.ranks import free_port
 
@@ -99,6 +101,12 @@ def test_under_scalerun_launch_a_warned_run_exits_0_for_the_agent(tmp_path: Path
     assert len(verdicts) == 1, done.stderr  # the preemption is the verdict, not "no problem found"
     assert verdicts[0].startswith("scalerun launch: verdict: preempted: the ranks stopped on a "
                                   f"signal and saved {tmp_path / 'ckpt'}")
+    # the event reaches the run's file, so scalerun report says the same afterwards
+    events = read_events(tmp_path / "run")
+    assert [(e.kind, e.step) for e in events] == [("preempted", SIGNAL_AFTER + 2)]
+    assert summary_lines(tmp_path / "run")[-1].startswith(
+        f"verdict: preempted: the ranks stopped on SIGUSR1 after step {SIGNAL_AFTER + 2} and saved "
+        f"{tmp_path / 'ckpt'}")
 
 
 @pytest.mark.parametrize(

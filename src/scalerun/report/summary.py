@@ -115,8 +115,8 @@ def energy(wh: float) -> str:
 
 def verdict_line(report: Report, ended: str | None = None) -> str:
     """The worst verdict; how the run ended comes first when it ended badly."""
-    if ended:
-        more = len(report.verdicts)
+    if ended:  # the preemption's own verdict (from its event) is the line already
+        more = len([v for v in report.verdicts if not ended.startswith(f"{v.topic}:")])
         tail = f" (+{more} more: scalerun report {report.run_dir})" if more else ""
         return f"verdict: {ended}{tail}"
     if not report.verdicts:

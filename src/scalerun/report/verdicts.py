@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
+from scalerun.events import Event
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import SEVERITY_ORDER, RankReport, Verdict
 from scalerun.report.nodes import NodeStats
@@ -58,9 +59,9 @@ MAX_PER_TOPIC = 3
 
 
 def find_verdicts(ranks: Sequence[RankReport], nodes: Sequence[NodeStats],
-                  steps: RunSteps | None) -> list[Verdict]:
+                  steps: RunSteps | None, events: Sequence[Event] = ()) -> list[Verdict]:
     """Every verdict of the run, worst first."""
-    found: list[Verdict] = []
+    found: list[Verdict] = event_verdicts(events, ranks)
     if steps is not None:
         found += missing_ranks(steps) + stopped_early(ranks, steps)
     slow = slow_ranks(ranks)
@@ -91,6 +92,30 @@ def limit_per_topic(verdicts: Sequence[Verdict], limit: int = MAX_PER_TOPIC) -> 
             first[0] = replace(first[0], message=f"{first[0].message} (and {left} more like it: see the tables)")
         kept += first
     return kept
+
+
+# -- the events --------------------------------------------------------------------
+
+
+def event_verdicts(events: Sequence[Event], ranks: Sequence[RankReport]) -> list[Verdict]:
+    """How the run ended, and what went wrong on the way, from its events file: a run that
+    ended on a preemption (no step after it) is said to be preempted, as the launcher said
+    when it ended; restarts after failures are named. A requeue or a resume is the plan
+    working, not a finding."""
+    found = []
+    preempted = [e for e in events if e.kind == "preempted"]
+    last_step_t = max((r.steps.window[1] for r in ranks if r.steps and r.steps.window), default=None)
+    if preempted and (last_step_t is None or last_step_t <= preempted[-1].t):
+        found.append(Verdict("preempted", "warn", f"preempted: {preempted[-1].message}",
+                             "submit the job again (or launch with --requeue) to continue from the "
+                             "checkpoint", 1.0))
+    restarts = [e for e in events if e.kind == "restart"]
+    if restarts:
+        found.append(Verdict("restarted", "warn", f"the ranks failed and were started again "
+                             f"{len(restarts)} time(s)",
+                             "read the launcher's output of the failed attempt (RUN_DIR/events.jsonl "
+                             "has when)", 0.5))
+    return found
 
 
 # -- the steps ---------------------------------------------------------------------

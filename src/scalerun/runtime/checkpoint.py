@@ -614,6 +614,12 @@ def _report(ctx: Context, resumed: Resumed) -> None:
     elif resumed.saved_world_size != ctx.world_size:  # no loader given: nothing to judge by
         where += ": the data order is not known (load(..., loader=) judges it)"
     print(f"scalerun: resumed from step {resumed.step} ({resumed.path}; {where})", flush=True)
+    from scalerun.events import Event, record_rank_events
+    from scalerun.rundir import run_dir_from
+
+    record_rank_events(run_dir_from(), ctx.rank, [Event(
+        kind="resumed", rank=0, step=resumed.step, message=f"resumed from step {resumed.step} ({resumed.path})",
+        details={"checkpoint": str(resumed.path), "saved_world_size": resumed.saved_world_size})])
 
 
 def _agreed_checkpoint(ctx: Context, root: Path, state: Strategy) -> Path | None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from scalerun import placement as placement_mod
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.events import record_rank_events, started_again
 from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
 from scalerun.plan.request import MAX_TIMEOUT_S
@@ -119,6 +120,7 @@ def init(
     if verbose if verbose is not None else _env_flag(variables.VERBOSE):
         print(rank_report(ctx), file=sys.stderr, flush=True)
     register_rank(where.rank, where.local_rank)
+    record_rank_events(run_dir_from(), where.rank, started_again(os.environ))
     hang.start(where.rank, where.world_size, hang_s, run_dir_from())
     from scalerun.runtime import preempt
 

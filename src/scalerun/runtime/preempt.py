@@ -197,12 +197,25 @@ def _save_and_exit(wrapped: Wrapped, folder: Path, number: int) -> NoReturn:
         print(f"scalerun: {_name(number)}: every rank stopped after step {wrapped.optimizer_steps}; "
               f"checkpoint {saved}", flush=True)
         _write_stopped(saved)
+        _record_preempted(number, wrapped.optimizer_steps, saved)
     barrier()  # the file exists before any rank exits (srun may end the step at the first exit)
     if wrapped.profiler is not None:
         wrapped.profiler.stop()
     forget()
     shutdown()
     raise SystemExit(exit_status(ctx.placement.launcher))
+
+
+def _record_preempted(number: int, step: int, saved: Path) -> None:
+    """The ``preempted`` event: the launcher's verdict, and ``scalerun report``'s, say how
+    the run ended from it."""
+    from scalerun.events import Event, record_rank_events
+    from scalerun.rundir import run_dir_from
+
+    record_rank_events(run_dir_from(), 0, [Event(
+        kind="preempted", rank=0, step=step,
+        message=f"the ranks stopped on {_name(number)} after step {step} and saved {saved}",
+        details={"checkpoint": str(saved)})])
 
 
 def _write_stopped(saved: Path) -> None:
