@@ -238,7 +238,10 @@ def test_filtered_ranks_are_not_shown_but_still_fail_the_launch(tmp_path: Path) 
     done = launch("--nproc-per-node", "2", "--local-ranks-filter", "0", str(script))
     assert done.returncode == 5
     assert "[rank0]: from 0" in done.stdout and "from 1" not in done.stdout
-    assert "rank 1 (local rank 1" in done.stderr.strip().splitlines()[-1]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("scalerun launch: error: rank 1 (local rank 1") and "exit code 5" in last
+    # rank 0 left first with exit code 0: named too (issue 34, item 16), after the failure
+    assert "; rank 0 (local rank 0, pid " in last and "had ended with exit code 0" in last
 
 
 def test_the_signals_passed_on_follow_torch_elastics_variable() -> None:

@@ -171,6 +171,9 @@ class Ranks:
     def __init__(self) -> None:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stop_signal: int | None = None
+        self.ended_well: dict[int, Failure] = {}
+        """Ranks that ended with exit code 0 while others still ran, stamped when seen: named
+        when a failure follows (a rank that returns early leaves the others waiting)."""
 
     def signal_all(self, number: int) -> None:
         """``number`` to each running rank's session (its children too)."""
@@ -285,7 +288,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     if starter is not None and starter.lost:
         return exit_code_of(failures) if failures else 1, starter.lost
     if failures:
-        return exit_code_of(failures), failure_message(failures)
+        return exit_code_of(failures), failure_message(failures, ranks.ended_well)
     return 0, None
 
 
@@ -354,6 +357,8 @@ def wait(ranks: Ranks, starter: warm.Starter | None = None) -> dict[int, Failure
             for rank in [rank for rank in running if ranks.procs[rank].poll() is not None]:
                 running.discard(rank)
                 watch.forget(rank)
+                if running and ranks.procs[rank].returncode == 0:
+                    ranks.ended_well[rank] = Failure(rank, ranks.procs[rank].pid, 0, time.time())
             if running:
                 watch.next_end()
     return {}

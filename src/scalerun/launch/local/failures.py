@@ -39,13 +39,25 @@ def root_failures(failures: dict) -> list[tuple[int, object]]:
     return causes or ordered
 
 
-def failure_message(failures: dict) -> str:
-    """One line naming the rank(s) that failed and how."""
+def failure_message(failures: dict, ended_well: dict | None = None) -> str:
+    """One line naming the rank(s) that failed and how; ``ended_well``: ranks that had ended
+    with exit code 0 while the others ran, named after them when they ended first (a rank
+    that returns early leaves the others waiting in a collective, which then fails)."""
+    causes = root_failures(failures)
     parts = [
         f"rank {rank} (local rank {failure.local_rank} on {socket.gethostname()}, "
         f"pid {failure.pid}) failed with "
         f"{describe_exit(failure.exitcode)}"
-        for rank, failure in root_failures(failures)
+        for rank, failure in causes
+    ]
+    first = min(failure.timestamp for _, failure in causes)
+    early = sorted((item for item in (ended_well or {}).items() if item[1].timestamp <= first),
+                   key=lambda item: (item[1].timestamp, item[0]))
+    parts += [
+        f"rank {rank} (local rank {ended.local_rank}, pid {ended.pid}) had ended with exit code 0 "
+        f"{first - ended.timestamp:.1f} s before, while the others still ran (a rank that returns "
+        "early leaves the others waiting in a collective)"
+        for rank, ended in early
     ]
     return "scalerun launch: error: " + "; ".join(parts) + "; the other ranks were stopped"
 
