@@ -14,8 +14,10 @@ root), so nothing of this machine's mounts changes:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -105,9 +107,15 @@ def launch_then(tmp_path: Path, script: Path, ready: str, harm: str) -> subproce
         echo "launch exit $?"
         grep -c '"kind":"step"' "$DISK/run/steps/rank-0.jsonl"
     """
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "DISK": str(disk), "PYTHON": sys.executable})
+    shell_proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                  env={**os.environ, "DISK": str(disk), "PYTHON": sys.executable})
+    try:
+        out, err = shell_proc.communicate(timeout=240)
+    finally:  # a launch left waiting for GO (a harm that failed) must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell_proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(shell_proc.args, shell_proc.returncode, out, err)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

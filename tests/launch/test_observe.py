@@ -213,3 +213,31 @@ def test_the_report_hint_pastes_into_a_shell_whatever_the_folder_is_called(tmp_p
     run.mkdir()
     hint = closing_summary(run)[-1]
     assert shlex.split(hint) == ["report:", "scalerun", "report", str(run)]
+
+
+def test_signals_act_as_before_until_the_closing_lines_then_are_noted(monkeypatch) -> None:
+    """held_signals: before the ranks ended a Ctrl-C interrupts as Python's own handler
+    does; once closing (or once a launcher said its ranks ended) it is ignored; the handlers
+    from before come back at the end (issue 34, item 13)."""
+    import threading
+
+    from scalerun.launch import observe
+
+    monkeypatch.setattr(observe, "RANKS_ENDED", threading.Event())
+    mine = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with observe.held_signals() as closing:
+            with pytest.raises(KeyboardInterrupt):  # noqa: PT012 - the signal lands in the sleep
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+            closing.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # delivered here, and ignored
+        with observe.held_signals():
+            observe.RANKS_ENDED.set()
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, mine)

@@ -10,12 +10,14 @@ the plan (:func:`scalerun.plan.launch.observe_variables`); this module only does
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -180,17 +182,59 @@ def run_observed(observe: ObserveRequest, what: Mapping[str, Any], environ: Mapp
     print(f"scalerun launch: run directory {observe.run_dir}", file=sys.stderr, flush=True)
     watchers = Watchers(observe.run_dir, environ, first_node=first_node).start()
     code, failure, start = 1, None, time.time()
-    try:
-        code, failure = run()
-    finally:
-        watchers.stop()
-        if after_ranks is not None:
-            after_ranks()
-        for line in attach_report(observe.run_dir, observe.trackers):
-            print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
-        for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
-            print(line, file=sys.stderr, flush=True)
+    # held from here to the last line: while the ranks run, the launcher's forwarding
+    # handlers stand in front (and put these back), so that a second Ctrl-C or SIGTERM
+    # after the ranks ended never cuts off the verdict and the report's command
+    with held_signals() as closing:
+        try:
+            code, failure = run()
+        finally:
+            closing.append(True)  # from here on a signal is noted, not obeyed
+            watchers.stop()
+            if after_ranks is not None:
+                after_ranks()
+            for line in attach_report(observe.run_dir, observe.trackers):
+                print(f"scalerun launch: {line}", file=sys.stderr, flush=True)
+            for line in closing_lines(code, failure, observe.run_dir, start):  # errors last
+                print(line, file=sys.stderr, flush=True)
     return code
+
+
+RANKS_ENDED = threading.Event()
+"""Set by a launcher that passed signals on to its ranks once they are gone
+(:func:`scalerun.launch.local.direct.forwarding`): from then on :func:`held_signals` notes
+signals instead of obeying them, with no gap between the launcher's handlers and these."""
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What a user or a scheduler sends to stop a launch; once its ranks have ended, the
+launcher finishes its closing lines first (the verdict, the report's command)."""
+
+
+@contextlib.contextmanager
+def held_signals(numbers: tuple[signal.Signals, ...] = HELD_SIGNALS) -> Iterator[list[bool]]:
+    """Within the block, the signals of ``numbers`` act as they would without it (SIGINT
+    raises KeyboardInterrupt, the others end the process) until the caller appends to the
+    list yielded; from then on they are ignored: the ranks are gone already, and the lines
+    printed now are what the user needs most. The handlers before come back when the block
+    ends (main thread only; elsewhere Python takes no signals)."""
+    closing: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield closing
+        return
+
+    def handle(number: int, frame: Any) -> None:
+        if closing or RANKS_ENDED.is_set():
+            return
+        if number == signal.SIGINT:
+            signal.default_int_handler(number, frame)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+    before = {number: signal.signal(number, handle) for number in numbers}
+    try:
+        yield closing
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def closing_lines(code: int, failure: str | None, run_dir: Path, since: float) -> list[str]:

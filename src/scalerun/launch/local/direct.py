@@ -54,6 +54,7 @@ from scalerun.launch.local import start, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
 from scalerun.launch.local.parent_death import ending_with_launcher
+from scalerun.launch.observe import RANKS_ENDED
 from scalerun.plan import variables
 from scalerun.plan.request import LocalOptions
 
@@ -216,6 +217,7 @@ def forwarding(ranks: Ranks) -> Iterator[None]:
     try:
         yield
     finally:
+        RANKS_ENDED.set()  # the closing lines come next: signals are noted until they are out
         for number, handler in before.items():
             signal.signal(number, handler)
 
