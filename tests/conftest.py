@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.slurm_fixture", "tests.container.standin", "tests.process_guard"]
+pytest_plugins = ["tests.slurm_fixture", "tests.container.standin", "tests.process_guard", "tests.cpu_census"]
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 SAVED = "SCALERUN_TEST_MACHINE_VISIBILITY"
