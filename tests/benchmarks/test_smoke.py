@@ -38,6 +38,7 @@ CASES = [
     ("steplog", 120, ["step-log calls per step", "loop with / without log"]),
     ("straggler", 120, ["rule us/step", "watch us/rank-step", "of a 100 ms step"]),
     ("loophooks", 240, ["hooks' work per step", "small loop with / without hooks"]),
+    ("output_memory", 120, ["launcher peak RSS", "20 MB without a newline"]),
 ]
 
 

@@ -307,3 +307,37 @@ def test_the_store_port_is_held_from_the_launcher_until_rank_0_serves_on_it(tmp_
     assert "[rank0]: port held True" in done.stdout
     assert "[rank0]: fd True serves True sum 2 child sees None" in done.stdout
     assert "[rank1]: fd False serves False sum 2 child sees None" in done.stdout
+
+
+def test_a_line_without_its_end_is_shown_live_and_held_within_bounds() -> None:
+    """A progress bar (``\\r`` redraws, no newline) shows while it runs, its last drawing
+    only; hundreds of KB without a newline pass in bounded pieces (issue 34, item 14: they
+    were held until the newline, 300 MB took the launcher to 1.4 GB)."""
+    import io
+    import threading
+
+    read_end, write_end = os.pipe()
+    shown = io.StringIO()
+    output = direct.Output(partial_after_s=0.2, max_pending=1000)
+    output.follow(os.fdopen(read_end, "rb"), shown, "[rank0]:")
+
+    def lines_soon(count: int) -> list[str]:
+        deadline = time.monotonic() + 10
+        while shown.getvalue().count("\n") < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return shown.getvalue().splitlines()
+
+    os.write(write_end, b"whole\npart")
+    assert lines_soon(2) == ["[rank0]:whole", "[rank0]:part"]  # shown while the rank waits
+    os.write(write_end, "\r 10%|█\r 20%|██".encode())
+    assert lines_soon(3)[2] == "[rank0]: 20%|██"
+    os.write(write_end, b"x" * 2500)  # one write, no newline: pieces of at most 1000
+    assert lines_soon(6)[3:6] == ["[rank0]:" + "x" * 1000] * 2 + ["[rank0]:" + "x" * 500]
+    os.write(write_end, "é".encode()[:1])  # half a character: held until its other half
+    time.sleep(0.5)
+    assert shown.getvalue().count("\n") == 6
+    os.write(write_end, "é".encode()[1:] + b" done\n")
+    os.close(write_end)
+    output.drain()
+    assert shown.getvalue().splitlines()[6:] == ["[rank0]:é done"]
+    assert not any(thread.is_alive() for thread in output.threads if thread is not threading.current_thread())

@@ -34,8 +34,10 @@ and so does the boot hook of a rank that does not import scalerun
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
+import select
 import selectors
 import signal
 import socket
@@ -130,12 +132,25 @@ def reserve_port(address: str = LOOPBACK) -> socket.socket:
     return sock
 
 
-class Output:
-    """The shown ranks' output: each line whole, prefixed, in one write under one lock."""
+PARTIAL_AFTER_S = 0.5
+"""A line without its end yet (a progress bar that redraws itself with ``\\r``) is shown
+after this long, so that it stays live, as plain python shows it."""
+MAX_PENDING = 64 * 1024
+"""Characters of a line without an end that are held at most: a rank writing hundreds of
+MB without a newline cost the launcher that much memory."""
 
-    def __init__(self) -> None:
+
+class Output:
+    """The shown ranks' output: each line whole, prefixed, in one write under one lock.
+
+    A line without its end yet is passed on after :data:`PARTIAL_AFTER_S`, or once it
+    holds :data:`MAX_PENDING` characters, as a line of its own; of text that redraws itself
+    with ``\\r`` only the last drawing is shown (a terminal would show only that)."""
+
+    def __init__(self, partial_after_s: float = PARTIAL_AFTER_S, max_pending: int = MAX_PENDING) -> None:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.partial_after_s, self.max_pending = partial_after_s, max_pending
 
     def follow(self, pipe: IO[bytes], dst: TextIO, prefix: str) -> None:
         thread = threading.Thread(target=self._copy, args=(pipe, dst, prefix), daemon=True)
@@ -143,10 +158,32 @@ class Output:
         self.threads.append(thread)
 
     def _copy(self, pipe: IO[bytes], dst: TextIO, prefix: str) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending, since = "", 0.0
         with pipe:
-            for raw in iter(pipe.readline, b""):
-                text = raw.decode(errors="replace")
-                self.write(dst, prefix + (text if text.endswith("\n") else text + "\n"))
+            descriptor = pipe.fileno()
+            while True:
+                wait = max(0.0, since + self.partial_after_s - time.monotonic()) if pending else None
+                if not select.select([descriptor], [], [], wait)[0]:  # a line without an end, waiting
+                    if _last_drawing(pending):
+                        self.write(dst, prefix + _last_drawing(pending) + "\n")
+                    pending = ""
+                    continue
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    break
+                *lines, rest = (pending + decoder.decode(chunk)).split("\n")
+                if lines:
+                    self.write(dst, "".join(f"{prefix}{line}\n" for line in lines))
+                if rest and (lines or not pending):
+                    since = time.monotonic()
+                pending = rest
+                while len(pending) >= self.max_pending:
+                    self.write(dst, prefix + pending[: self.max_pending] + "\n")
+                    pending, since = pending[self.max_pending:], time.monotonic()
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            self.write(dst, prefix + pending + "\n")
 
     def write(self, dst: TextIO, text: str) -> None:
         with self.lock:
@@ -164,6 +201,12 @@ class Output:
         deadline = time.monotonic() + seconds
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _last_drawing(text: str) -> str:
+    """What a terminal shows of ``text``: after its last ``\\r`` (a redrawn progress bar)."""
+    drawings = [part for part in text.split("\r") if part]
+    return drawings[-1] if drawings else ""
 
 
 class Ranks:
