@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -76,8 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScalerunError as error:
         print(f"scalerun {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as interrupted:  # Ctrl-C, or SIGTERM/SIGHUP (commands.stopping)
+        number = getattr(interrupted, "number", signal.SIGINT)
+        if number != signal.SIGINT:
+            print(f"scalerun {args.command}: {interrupted}; what it had started was stopped", file=sys.stderr)
+        return 128 + number
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m scalerun.cli

@@ -341,3 +341,23 @@ def test_a_line_without_its_end_is_shown_live_and_held_within_bounds() -> None:
     output.drain()
     assert shown.getvalue().splitlines()[6:] == ["[rank0]:é done"]
     assert not any(thread.is_alive() for thread in output.threads if thread is not threading.current_thread())
+
+
+def test_what_the_ranks_started_ends_with_the_launch(tmp_path: Path) -> None:
+    """A rank's helper (``Popen``) and a daemon in a session of its own (``setsid``) are
+    stopped when the launch ends, and named (issue 34, item 12: they ran on under PID 1)."""
+    import psutil
+
+    script = write(tmp_path, "helpers.py", f"""
+        import os, subprocess
+        helper = subprocess.Popen(["sleep", "300"])
+        daemon = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        open({str(tmp_path)!r} + "/pids-" + os.environ["RANK"], "w").write(f"{{helper.pid}} {{daemon.pid}}")
+    """)
+    done = launch("--nproc-per-node", "2", str(script))
+    assert done.returncode == 0, done.stderr
+    pids = [int(pid) for rank in (0, 1) for pid in (tmp_path / f"pids-{rank}").read_text().split()]
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    line = next(line for line in done.stderr.splitlines() if "left running" in line)
+    assert line.startswith("scalerun launch: stopped 4 process(es) the ranks left running: ")
+    assert all(f"{pid} (sleep)" in line for pid in pids)

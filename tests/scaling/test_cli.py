@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,28 @@ def test_a_size_above_this_nodes_gpus_is_refused(tmp_path) -> None:
                            "--out", str(tmp_path / "s"), "--", str(EXAMPLE), "--batch-size", "{per_rank_batch}"],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert done.returncode == 2 and "1 GPU" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_a_study_stops_the_launch_it_runs(tmp_path, number) -> None:
+    """SIGTERM or SIGHUP to ``scalerun scaling`` ends the running size's launcher, ranks and
+    sampler with it (issue 34, item 11: they lived on under PID 1), in one line."""
+    import psutil
+
+    script = tmp_path / "waits.py"
+    script.write_text(f"import os, time\nopen({str(tmp_path)!r} + '/ready', 'w').close()\ntime.sleep(300)\n")
+    study = subprocess.Popen([sys.executable, "-m", "scalerun", "scaling", "--ranks", "1", "--no-busbw",
+                              "--out", str(tmp_path / "study"), "--", str(script)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = psutil.Process(study.pid).children(recursive=True)
+    assert started, "the study started no launch"
+    study.send_signal(number)
+    _, err = study.communicate(timeout=120)
+    assert study.returncode == 128 + number, err
+    assert err.strip().splitlines()[-1] == (f"scalerun scaling: stopped by {signal.Signals(number).name}; "
+                                            "what it had started was stopped")
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

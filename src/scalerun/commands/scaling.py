@@ -72,6 +72,14 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command, with SIGTERM and SIGHUP stopping the launches it runs (commands.stopping)."""
+    from scalerun.commands.stopping import stopping_on_signals
+
+    with stopping_on_signals():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from scalerun.scaling import run_study
 
     request, on_slurm = study_request(args)

@@ -108,6 +108,14 @@ def duration(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command, with SIGTERM and SIGHUP stopping the launches it runs (commands.stopping)."""
+    from scalerun.commands.stopping import stopping_on_signals
+
+    with stopping_on_signals():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from scalerun.commands.slurm_runs import runs_on_slurm
     from scalerun.tune.progress import default_progress
     from scalerun.tune.search import Budget

@@ -19,6 +19,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from scalerun.errors import LaunchError
+from scalerun.launch.leftovers import become_subreaper, end_leftovers
 from scalerun.launch.local import direct, start, tail, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command
@@ -40,15 +41,26 @@ def run_local(job: LocalJob, environ: MutableMapping[str, str] | None = None) ->
     env.update(rank_environment(job.env, env))
     if PREFIX_VARIABLE in env:  # on several nodes the prefix names this one
         env[PREFIX_VARIABLE] = fill_node(env[PREFIX_VARIABLE], short_node(node_name(env)))
+    become_subreaper()  # what the ranks start is handed to this process when they end
     if job.observe is not None:
         return _observed(job)
     try:
         code, failure = _run(job)
     finally:
         _save_warm_cache(job)
+        end_leftovers()
     if failure:
         print(failure, file=sys.stderr, flush=True)
     return code
+
+
+def _after_ranks(job: LocalJob) -> None:
+    """Once the ranks ended (and the sampler with them): the warm caches saved, and what
+    the ranks left running stopped (:mod:`scalerun.launch.leftovers`)."""
+    try:
+        _save_warm_cache(job)
+    finally:
+        end_leftovers()
 
 
 def _save_warm_cache(job: LocalJob) -> None:
@@ -70,7 +82,7 @@ def _observed(job: LocalJob) -> int:
                                   "script_args": list(plan.program.args)},
                         os.environ, lambda: _run(job),
                         first_node=plan.request.local.node_rank == 0,
-                        after_ranks=lambda: _save_warm_cache(job))
+                        after_ranks=lambda: _after_ranks(job))
 
 
 def _run(job: LocalJob) -> tuple[int, str | None]:
