@@ -422,8 +422,8 @@ def _run_dir_lock(job: SlurmJob) -> list[str]:
     folder = shell_quote(str(job.run_dir))
     return [
         "# --- one live launch per run directory: this job holds its lock while it runs ---",
-        "if command -v flock >/dev/null; then",
-        f"    exec 9>>{lock}",
+        "# (no flock, or a lock file that cannot be opened: the job goes on unguarded)",
+        f"if command -v flock >/dev/null && {{ exec 9>>{lock}; }} 2>/dev/null; then",
         f"    if flock -n -E {LOCK_CONFLICT} 9; then",
         f'        echo "job ${{SLURM_JOB_ID}} on $(hostname) since $(date \'+%F %T\')" > {lock}',
         f"    elif [[ $? == {LOCK_CONFLICT} ]]; then",
