@@ -34,12 +34,23 @@ class ShellRef:
     set: ``"--cpu-bind=verbose${CPU_BIND:+,${CPU_BIND}}"``."""
 
 
-Word = str | ShellRef
+@dataclass(frozen=True)
+class ShellJoin:
+    """One word of literal text and references, e.g. ``--db-pass=`` then ``${MY_PASSWORD}``:
+    a secret's value in a script argument is written as a reference to the variable of the
+    submitting shell that holds it (:func:`secret_references`), never as itself."""
+
+    parts: tuple[str | ShellRef, ...]
+
+
+Word = str | ShellRef | ShellJoin
 FIXED_TEXT = re.compile(r"[A-Za-z0-9_=,:.-]+")
 
 
 def shell_quote(word: Word) -> str:
     """Quote one word for bash: user text stays literal, references expand at run time."""
+    if isinstance(word, ShellJoin):  # adjacent quoted pieces: bash makes them one word
+        return "".join(shell_quote(part) for part in word.parts if part != "")
     if isinstance(word, ShellRef):
         if word.joined_to is not None:
             assert FIXED_TEXT.fullmatch(word.joined_to), word.joined_to  # scalerun's own text
@@ -89,3 +100,34 @@ def expand_template(value: str, environ: Mapping[str, str], *, what: str) -> str
         return environ[name]
 
     return TEMPLATE_REF.sub(substitute, value)
+
+
+def secret_references(words: tuple[str, ...], secrets: tuple[tuple[str, str], ...]) -> tuple[
+        tuple[Word, ...], tuple[str, ...]]:
+    """``words`` with each value of ``secrets`` (name, value) in them written as a reference
+    to its variable, and the names referenced. Longer values first, so that a secret holding
+    another is replaced whole."""
+    ordered = sorted((pair for pair in secrets if pair[1]), key=lambda pair: -len(pair[1]))
+    used: list[str] = []
+    shown: list[Word] = []
+    for word in words:
+        parts: list[str | ShellRef] = [word]
+        for name, value in ordered:
+            split: list[str | ShellRef] = []
+            for part in parts:
+                if isinstance(part, ShellRef) or value not in part:
+                    split.append(part)
+                    continue
+                pieces = part.split(value)
+                for index, piece in enumerate(pieces):
+                    if index:
+                        split.append(ShellRef(name))
+                    split.append(piece)
+                used.append(name)
+            parts = split
+        if not any(isinstance(part, ShellRef) for part in parts):
+            shown.append(word)  # no secret in it (an empty word stays one too)
+            continue
+        parts = [part for part in parts if part != ""]
+        shown.append(parts[0] if len(parts) == 1 else ShellJoin(tuple(parts)))
+    return tuple(shown), tuple(dict.fromkeys(used))

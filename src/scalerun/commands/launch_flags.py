@@ -38,7 +38,7 @@ from scalerun.plan.request import (
     parse_debug_kinds,
     parse_env_pairs,
 )
-from scalerun.redact import redact_words, secret_values
+from scalerun.redact import is_secret_name, redact_words, secret_values
 from scalerun.sites import load_site, site_name
 
 # Flags whose presence means "this is a SLURM launch" (dest names). ``--mode`` and
@@ -350,6 +350,8 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         slurm=slurm_options_from_args(args) if on_slurm else None,
         command_line=tuple(redact_words(["scalerun", *sys.argv[1:]], secret_values(env)))
         if sys.argv else (),
+        secret_env=tuple((name, value) for name, value in env.items()
+                         if is_secret_name(name) and value in secret_values(env)),
     )
 
 

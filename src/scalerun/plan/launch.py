@@ -52,6 +52,7 @@ from scalerun.plan.request import (
     check_mount,
 )
 from scalerun.plan.track_config import track_config, track_config_text
+from scalerun.redact import is_secret_name
 from scalerun.shell import expand_template
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import freeze
@@ -239,7 +240,12 @@ def rank_variables(request: LaunchRequest, site: SiteProfile) -> tuple[RankVaria
                 *_hang_default(request, site), *_restarts(request), *_warm_cache(request, site),
                 *_step_hooks(request),
                 *(RankVariable(name, value, f"site {site.name}", keep_user=True, template=True)
-                  for name, value in site.env.items())]
+                  for name, value in site.env.items()),
+                # a secret of [task_env] travels as the site's [env] secrets do (a job takes it
+                # from its submitter's shell): never on a command line, never in a file
+                *(RankVariable(name, value, f"site {site.name} [task_env], a secret", keep_user=True,
+                               template=True)
+                  for name, value in site.task_env.items() if is_secret_name(name))]
     return (*own, *frozen, *given, *defaults)
 
 

@@ -260,6 +260,11 @@ class LaunchRequest:
     slurm: SlurmOptions | None = None
     command_line: tuple[str, ...] = ()
     """The scalerun command that made the request (secrets masked), shown in job files."""
+    secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """The launcher's secret-named variables (name, value; :func:`scalerun.redact.is_secret_name`):
+    a value of theirs is masked wherever it appears in what the plan writes (a script argument
+    ``--db-pass "$MY_PASSWORD"`` in ``track-config.json``), and a job script refers to the
+    variable instead of writing the value. Never shown: not in the repr."""
 
     def __post_init__(self) -> None:
         if self.nodes is not None and self.nodes < 1:

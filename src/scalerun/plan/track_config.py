@@ -23,8 +23,10 @@ from scalerun.redact import redact_data, redact_mapping, secret_values
 
 def track_config(request: LaunchRequest, *, site: str, nodes: int, gpus_per_node: int,
                  procs_per_node: int, env: Mapping[str, str]) -> dict[str, Any]:
-    """What each tracker gets as the run's parameters, secrets masked."""
-    secrets = secret_values(env)
+    """What each tracker gets as the run's parameters, secrets masked: the values of secret
+    variables among ``env`` and of the launcher's own (``request.secret_env``), wherever they
+    appear (a script argument too), and a value after a secret-named option."""
+    secrets = (*secret_values(env), *(value for _, value in request.secret_env))
     program = request.program
     config = {
         "command": " ".join(request.command_line) if request.command_line else None,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.errors import SiteError
+from scalerun.redact import is_secret_name
 from scalerun.sites.profile import SiteProfile, build
 
 if sys.version_info >= (3, 11):
@@ -89,6 +90,10 @@ def freeze(profile: SiteProfile) -> str:
     """The merged, validated profile as JSON: what a launch hands its ranks, so that they plan
     with exactly the profile it planned with, wherever they run (:func:`load_site` reads it)."""
     table = _without_none({k: v for k, v in asdict(profile).items() if k != "source"})
+    for section in ("env", "task_env"):  # a secret's value stays out of the run directory:
+        for name in table.get(section, {}):  # the ranks have it in their environment, which
+            if is_secret_name(name):  # this reference reads (a job's from its submitter)
+                table[section][name] = "${" + name + "}"
     return json.dumps({FROZEN_KEY: 1, "source": profile.source, "profile": table}, indent=1) + "\n"
 
 

@@ -27,6 +27,7 @@ from scalerun.launch.slurm.modes import MODES
 from scalerun.plan import variables
 from scalerun.plan.launch import ContainerEntry, LaunchPlan, RankVariable
 from scalerun.plan.request import ENTRIES, Pairs, SlurmOptions
+from scalerun.shell import Word, secret_references
 from scalerun.sites.profile import ENV_NAME_RE, MEMORY_RE, TIME_RE
 
 # What an #SBATCH value may hold unquoted (node lists, %j patterns, constraints a&b|c).
@@ -246,7 +247,7 @@ class SlurmJob:
     resources: Resources
     script: str
     """The training script (a path, a module name with entry=module, or an executable)."""
-    script_args: tuple[str, ...] = ()
+    script_args: tuple[Word, ...] = ()
     """Passed to the script untouched, whatever characters they hold."""
     entry: str = "file"
     """file (python SCRIPT), module (python -m SCRIPT) or executable (SCRIPT itself)."""
@@ -282,6 +283,9 @@ class SlurmJob:
     """Exported unless the submitting shell already set them (site profile)."""
     task_env: tuple[tuple[str, str], ...] = ()
     """Set in each task unless set; ``${SLURM_NODEID}`` and friends expand per task."""
+    secret_args: tuple[str, ...] = ()
+    """Secret variables of the submitting shell that ``script_args`` refer to (their values
+    were in the arguments): the script checks they arrived, as it does for ``env``'s."""
     module_use: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
@@ -350,10 +354,13 @@ def make_job(plan: LaunchPlan) -> SlurmJob:
     _check_own_signal(job_resources, stop)
     site = plan.site
     given, kept = split_env(plan.env)
+    # a secret of the submitting shell in an argument: the script refers to its variable
+    args, secret_args = secret_references(plan.program.args, plan.request.secret_env)
     return SlurmJob(
         resources=job_resources,
         script=plan.program.script,
-        script_args=plan.program.args,
+        script_args=args,
+        secret_args=secret_args,
         entry=plan.program.entry,
         mode=mode,
         nproc_per_node=plan.procs_per_node,

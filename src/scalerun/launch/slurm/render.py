@@ -81,7 +81,8 @@ def exec_wrapper_words(job: SlurmJob, python: str | None = None) -> list[Word]:
     if job.mode == "torchrun":
         words.append("--torchrun-agent")
     for name, value in job.task_env:
-        words += ["--env", f"{name}={value}"]
+        if not is_secret_name(name):  # a secret is exported by the script (see _environment)
+            words += ["--env", f"{name}={value}"]
     return [*words, "--"]
 
 
@@ -231,6 +232,12 @@ def _environment(job: SlurmJob) -> str:
         for name, value in job.env:
             lines += _secret_lines(name) if is_secret_name(name) else [
                 f"export {name}={shell_template(value)}"]
+    checked = {name for name, _ in (*job.site_env, *job.env)}
+    referenced = [name for name in job.secret_args if name not in checked]
+    if referenced:
+        lines += ["", "# --- secrets the script's arguments refer to (their values are not written here) ---"]
+        for name in referenced:
+            lines += _secret_lines(name)
     return "\n".join(lines)
 
 
@@ -278,6 +285,9 @@ def secret_handoff(job: SlurmJob, environ: Mapping[str, str]) -> dict[str, str]:
     for name, value in job.env:
         if is_secret_name(name):
             handed[name] = expand_template(value, {**environ, **handed}, what=f"--env {name}")
+    for name in job.secret_args:  # in the submitting environment already: it must reach the job
+        if name not in handed and name in environ:
+            handed[name] = environ[name]
     return handed
 
 
