@@ -8,11 +8,9 @@ user (or Lightning, or Accelerate) created before.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import os
 import sys
-import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
@@ -26,7 +24,7 @@ from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
 from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.rundir import run_dir_from
-from scalerun.runtime import hang
+from scalerun.runtime import gloo_exit, hang
 from scalerun.runtime.apply import apply_rank_plan, apply_to_running_process
 from scalerun.runtime.context import Context, current, install
 from scalerun.runtime.lines import whole_lines
@@ -102,7 +100,7 @@ def init(
     _init_process_group(where, rank_plan.gpu.backend, device, _timeout(timeout, hang_s))
     if rank_plan.gpu.backend == "gloo" and where.world_size > 1:
         _agree_gloo_is_connected()
-        atexit.register(_let_gloo_settle)
+        gloo_exit.settle_at_exit()
     ctx = install(Context(
         rank=where.rank,
         local_rank=where.local_rank,
@@ -170,9 +168,6 @@ def plan_for_init(
     return plan_this_rank(placement=where, options=options, tolerate_missing_sysfs=True)
 
 
-GLOO_SETTLE_S = 0.2
-
-
 def _agree_gloo_is_connected() -> None:
     """One barrier right after gloo's start, so that no rank leaves ``init()`` (and maybe
     the program) while another is still connecting to it.
@@ -185,20 +180,6 @@ def _agree_gloo_is_connected() -> None:
     The barrier completes only when every rank's mesh is whole; it costs one round trip.
     """
     dist.barrier()
-
-
-def _let_gloo_settle() -> None:
-    """Give gloo's worker threads a moment, while Python is still whole, to drop the work
-    objects of the last collectives.
-
-    Why: each finished gloo work is freed on gloo's own thread, and freeing it takes the
-    GIL. If that happens while the interpreter is finalizing, CPython ends the thread
-    with a forced unwind and the rank aborts ("terminate called without an active
-    exception", torch issue 190489), seen here in about a third of two-rank runs that
-    exit right after their last all-reduce. Sleeping releases the GIL; the threads finish
-    in microseconds.
-    """
-    time.sleep(GLOO_SETTLE_S)
 
 
 def _teardown() -> None:

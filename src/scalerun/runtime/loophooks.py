@@ -43,6 +43,7 @@ import torch
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
+from scalerun.runtime import gloo_exit
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog import StepLog, current_log
 
@@ -123,6 +124,7 @@ class LoopHooks:
         if log.loop is None:
             log.claim(keys.LOOP_HOOKS)
             self.steps = last_logged_step(log.path)
+            gloo_exit.settle_if_gloo()  # its gloo group, if any, ends cleanly too
         return None if log.loop == keys.LOOP_WRAP else log
 
     # -- optimizer ---------------------------------------------------------------------
