@@ -66,7 +66,6 @@ SECOND_CLUSTER_MODULES = frozenset({
     "tests/test_slurm_container.py",
     "tests/test_slurm_resize.py",
     "tests/test_slurm_trackers.py",
-    "tests/runtime/test_warm_cache_jobs.py",
     "tests/container/test_standin.py",
 })
 """About half of the SLURM tests' time (measured per module, docs/results.md); a module's

@@ -69,14 +69,16 @@ def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(
 
 def test_a_one_and_two_node_study_runs_each_size_as_a_job(slurm_cluster, tmp_path):
     out = tmp_path / "study"
-    done = scalerun(slurm_cluster, "scaling", "--nodes", "1,2", "--gpus-per-node", "2", "--batch", "16",
+    # one rank per node: the sizes still differ in nodes, and the doctor's sweep still
+    # crosses them; half the ranks (each imports torch) of two ranks per node
+    done = scalerun(slurm_cluster, "scaling", "--nodes", "1,2", "--gpus-per-node", "1", "--batch", "16",
                     "--steps", "15", "--warmup-steps", "3", "--out", str(out), "--",
                     str(train_script(tmp_path)), "--batch-size", "{per_rank_batch}", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     results = json.loads((out / "results.json").read_text())
     sizes = {s["label"]: s for s in results["sizes"]}
     assert sorted(sizes) == ["nodes-1", "nodes-2"]
-    assert [(sizes[k]["ranks"], sizes[k]["per_rank_batch"]) for k in ("nodes-1", "nodes-2")] == [(2, 8), (4, 4)]
+    assert [(sizes[k]["ranks"], sizes[k]["per_rank_batch"]) for k in ("nodes-1", "nodes-2")] == [(1, 16), (2, 8)]
     assert all(s["status"] == "ok" and 0 < s["efficiency"] <= 1.5 for s in sizes.values())
     assert results["busbw"]["gbs"] and results["busbw"]["gbs"] > 0  # the doctor's sweep across 2 nodes
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -26,9 +26,10 @@ import torch
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = 1024  # 819 training images: 52 steps an epoch at 8 per rank and step, 2 ranks
-EPOCHS = 5
-STEPS = 52 * EPOCHS
+SAMPLES = 512  # 410 training images: 26 steps an epoch at 8 per rank and step, 2 ranks
+STEPS_PER_EPOCH = 26
+EPOCHS = 5  # the warning comes after the first: four epochs of margin before the end
+STEPS = STEPS_PER_EPOCH * EPOCHS
 JOB_TIMEOUT_S = 420
 
 
@@ -126,7 +127,7 @@ def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
     stopped = re.search(r"SIGUSR1: every rank stopped after step (\d+); checkpoint (\S+)", log)
     assert stopped, log
     step, saved = int(stopped.group(1)), stopped.group(2)
-    assert 52 <= step < STEPS and saved == str(tmp_path / "ckpt" / f"step-{step:08d}")
+    assert STEPS_PER_EPOCH <= step < STEPS and saved == str(tmp_path / "ckpt" / f"step-{step:08d}")
     assert f"scalerun: saved {saved}; job {job_id} requeues itself (restart 1)" in log
 
     # 2. it resumed at the saved step: the step log goes on from there (appended, not clobbered)
