@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from scalerun import run_writer
 from scalerun.events import Event, append_event
 from scalerun.run_writer import Appender, append_or_say
 from scalerun.rundir import read_jsonl
@@ -19,7 +18,7 @@ class Disk:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, code: int = errno.ENOSPC) -> None:
         self.full, self.code, self.real = False, code, os.write
-        monkeypatch.setattr(run_writer.os, "write", self.write)
+        monkeypatch.setattr(os, "write", self.write)  # the one write of scalerun.rundir.append_jsonl
 
     def write(self, descriptor: int, data) -> int:
         if self.full:
@@ -65,8 +64,6 @@ def test_what_is_still_refused_at_the_end_is_counted(tmp_path: Path, monkeypatch
 def test_one_shot_writers_say_what_is_missing_and_go_on(tmp_path: Path, monkeypatch, capsys) -> None:
     disk = Disk(monkeypatch, errno.EDQUOT)
     disk.full = True
-    monkeypatch.setattr("scalerun.rundir.open", lambda *a, **k: (_ for _ in ()).throw(
-        OSError(errno.EDQUOT, "Disk quota exceeded")), raising=False)
     assert not append_or_say(tmp_path / "n.ranks", "ranks file", [{"rank": 0}], "the sampler misses rank 0")
     assert not append_event(tmp_path, Event(kind="straggler", message="rank 3 is slow"))
     err = capsys.readouterr().err.splitlines()

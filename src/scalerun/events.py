@@ -23,7 +23,6 @@ Nothing here decides what is an event; it only writes and reads them.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -31,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from scalerun import strict_json
-from scalerun.files import new_file_mode
 from scalerun.plan.variables import EVENTS_FILE
-from scalerun.run_writer import say_on_stderr, why
+from scalerun.run_writer import append_or_say
 
 KINDS = ("straggler", "recovered", "restart", "preempted", "requeued", "hang", "failed",
          "resumed")
@@ -116,23 +114,11 @@ def events_path(run_dir: Path) -> Path:
 
 
 def append_event(run_dir: Path, event: Event) -> bool:
-    """Append one event as one whole line (one ``write`` on an ``O_APPEND`` file); False,
-    with one line on stderr, where the disk refuses it: an event is observation, and its
-    writer (a launcher, a sampler) goes on (:mod:`scalerun.run_writer`)."""
-    path = events_path(run_dir)
-    line = (strict_json.dumps(event.record(), separators=(",", ":")) + "\n").encode()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, new_file_mode())
-        try:
-            os.write(descriptor, line)
-        finally:
-            os.close(descriptor)
-    except OSError as error:
-        say_on_stderr(f"scalerun: cannot write the events file {path}: {why(error)}; this event is "
-                      f"not kept: {event.kind}: {event.message}")
-        return False
-    return True
+    """Append one event as one whole line; False, with one line on stderr, where the disk
+    refuses it: an event is observation, and its writer (a launcher, a sampler) goes on
+    (:mod:`scalerun.run_writer`)."""
+    return append_or_say(events_path(run_dir), "events file", [event.record()],
+                         f"this event is not kept: {event.kind}: {event.message}")
 
 
 def read_events(run_dir: Path) -> list[Event]:

@@ -53,11 +53,16 @@ def is_secret_name(name: str) -> bool:
     return any(_SECRET_PART.fullmatch(part) for part in _NAME_SPLIT.split(name.upper()) if part)
 
 
+def secret_variables(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The secret-named variables (name, value) whose values are worth looking for in free
+    text, longest value first (so that a secret containing another is masked whole)."""
+    found = {(k, v) for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_FREE_TEXT_LENGTH}
+    return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[1], pair[0])))
+
+
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The values of the secret-named variables worth looking for in free text, longest
-    first (so that a secret containing another is masked whole)."""
-    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_FREE_TEXT_LENGTH}
-    return tuple(sorted(values, key=lambda v: (-len(v), v)))
+    """The values of :func:`secret_variables`, longest first, each once."""
+    return tuple(dict.fromkeys(value for _, value in secret_variables(environ)))
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:

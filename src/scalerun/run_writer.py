@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scalerun import strict_json
-from scalerun.files import make_dirs, new_file_mode
+from scalerun.rundir import append_jsonl
 
 RETRY_S = 30.0
 """Seconds between tries once a write failed: a quota or a cleanup frees space in minutes."""
@@ -52,10 +50,8 @@ def say_on_stderr(line: str) -> None:
 
 
 def append_or_say(path: Path, what: str, records: list[Mapping[str, Any]], consequence: str) -> bool:
-    """Append ``records`` once (one whole-line write); where the disk refuses, say so in one
-    line ending with ``consequence`` (what is missing now) and return False."""
-    from scalerun.rundir import append_jsonl
-
+    """Append ``records`` once; where the disk refuses, say so in one line ending with
+    ``consequence`` (what is missing now) and return False."""
     try:
         append_jsonl(path, records)
     except OSError as error:
@@ -106,18 +102,8 @@ class Appender:
         self._held = []
 
     def _write(self) -> bool:
-        text = "".join(strict_json.dumps(record, separators=(",", ":")) + "\n" for record in self._held)
-        if self._failing:
-            text = "\n" + text  # a half line the failed write left ends here
-        try:
-            make_dirs(self.path.parent)
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, new_file_mode())
-            try:
-                data = memoryview(text.encode())
-                while data:  # a short write means the disk filled mid-way: the next one says why
-                    data = data[os.write(descriptor, data):]
-            finally:
-                os.close(descriptor)
+        try:  # after a failure, a half line the failed write left ends first
+            append_jsonl(self.path, self._held, new_line=self._failing)
         except OSError as error:
             self._next_try = self._clock() + self.retry_s
             if not self._failing:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun import strict_json
+from scalerun.files import make_dirs, new_file_mode
 from scalerun.plan import variables
 
 # The names are spelled in :mod:`scalerun.plan.variables`; these are their short local names.
@@ -156,11 +157,19 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def append_jsonl(path: Path, records: list[Mapping[str, Any]]) -> None:
-    """Append whole lines in one write, so that a reader never sees two records mixed."""
+def append_jsonl(path: Path, records: list[Mapping[str, Any]], *, new_line: bool = False) -> None:
+    """Append ``records`` as strict JSON lines in one ``O_APPEND`` write, so that a reader
+    never sees two records mixed (writers on several nodes never mix within a line); the file
+    is never world-writable. ``new_line`` starts on a line of its own (after half a line a
+    failed write left). Raises OSError: :mod:`scalerun.run_writer` decides what a refusal costs."""
     if not records:
         return
     text = "".join(strict_json.dumps(record, separators=(",", ":")) + "\n" for record in records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        handle.write(text)
+    make_dirs(path.parent)
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, new_file_mode())
+    try:
+        data = memoryview((("\n" if new_line else "") + text).encode())
+        while data:  # a short write means the disk filled mid-way: the next one says why
+            data = data[os.write(descriptor, data):]
+    finally:
+        os.close(descriptor)

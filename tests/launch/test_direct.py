@@ -242,10 +242,15 @@ def test_filtered_ranks_are_not_shown_but_still_fail_the_launch(tmp_path: Path) 
         import os, sys, time
         print("from", os.environ["RANK"], flush=True)
         if os.environ["RANK"] == "0":
-            open({str(printed)!r}, "w").close()
+            open({str(printed)!r} + ".part", "w").write(str(os.getpid()))
+            os.replace({str(printed)!r} + ".part", {str(printed)!r})
             sys.exit(0)
         while not os.path.exists({str(printed)!r}):
             time.sleep(0.05)
+        first = int(open({str(printed)!r}).read())
+        while os.path.exists(f"/proc/{{first}}") and open(f"/proc/{{first}}/stat").read().split()[2] != "Z":
+            time.sleep(0.05)
+        time.sleep(1)  # rank 0's end reaches the launcher before this failure does
         sys.exit(5)
     """)
     done = launch("--nproc-per-node", "2", "--local-ranks-filter", "0", str(script))

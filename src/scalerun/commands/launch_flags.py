@@ -14,6 +14,7 @@ Precedence stays with the plan: a flag not given is None in the request.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from scalerun.plan.request import (
     parse_debug_kinds,
     parse_env_pairs,
 )
-from scalerun.redact import is_secret_name, redact_words, secret_values
+from scalerun.redact import redact_words, secret_values, secret_variables
 from scalerun.sites import load_site, site_name
 
 # Flags whose presence means "this is a SLURM launch" (dest names). ``--mode`` and
@@ -350,8 +351,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         slurm=slurm_options_from_args(args) if on_slurm else None,
         command_line=tuple(redact_words(["scalerun", *sys.argv[1:]], secret_values(env)))
         if sys.argv else (),
-        secret_env=tuple((name, value) for name, value in env.items()
-                         if is_secret_name(name) and value in secret_values(env)),
+        secret_env=secret_variables(env),
     )
 
 
@@ -554,13 +554,11 @@ def carry_out(request: LaunchRequest, backend: Any, environ: Mapping[str, str]) 
         return 0
     check_packages(plan)
     run_dir = request.observe.run_dir if request.observe else None
-    if run_dir is None:
-        write_run_files(plan.run_files)
-        return backend.run(job, environ)
-    if backend.allocates_nodes:  # it submits; the job takes the lock when it starts
+    guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if run_dir is not None and backend.allocates_nodes:  # it submits; the job takes the lock
         refuse_if_held(run_dir)
-        write_run_files(plan.run_files)
-        return backend.run(job, environ)
-    with holding(run_dir, request.local.node_rank):
+    elif run_dir is not None:  # the ranks run under this process: it holds the lock
+        guard = holding(run_dir, request.local.node_rank)
+    with guard:
         write_run_files(plan.run_files)
         return backend.run(job, environ)

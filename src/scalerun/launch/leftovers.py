@@ -19,6 +19,8 @@ import ctypes.util
 import sys
 from collections.abc import Callable
 
+from scalerun.run_writer import say_on_stderr
+
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = 5.0
 """Seconds a leftover gets between SIGTERM and SIGKILL."""
@@ -38,7 +40,7 @@ def become_subreaper() -> bool:
 
 
 def end_leftovers(grace_s: float = GRACE_S, settle_s: float = SETTLE_S,
-                  say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[int]:
+                  say: Callable[[str], None] = say_on_stderr) -> list[int]:
     """Every process still below this one gets ``settle_s`` to end by itself, then SIGTERM,
     and SIGKILL after ``grace_s``; they are reaped and those stopped are named in one line.
     Returns the pids stopped."""

@@ -185,11 +185,11 @@ def run_observed(observe: ObserveRequest, what: Mapping[str, Any], environ: Mapp
     # held from here to the last line: while the ranks run, the launcher's forwarding
     # handlers stand in front (and put these back), so that a second Ctrl-C or SIGTERM
     # after the ranks ended never cuts off the verdict and the report's command
-    with held_signals() as closing:
+    with held_signals():
         try:
             code, failure = run()
         finally:
-            closing.append(True)  # from here on a signal is noted, not obeyed
+            RANKS_ENDED.set()  # from here on a signal is noted, not obeyed
             watchers.stop()
             if after_ranks is not None:
                 after_ranks()
@@ -201,28 +201,29 @@ def run_observed(observe: ObserveRequest, what: Mapping[str, Any], environ: Mapp
 
 
 RANKS_ENDED = threading.Event()
-"""Set by a launcher that passed signals on to its ranks once they are gone
-(:func:`scalerun.launch.local.direct.forwarding`): from then on :func:`held_signals` notes
-signals instead of obeying them, with no gap between the launcher's handlers and these."""
+"""Set once the ranks are gone: by the launcher that passed signals on to them
+(:func:`scalerun.launch.local.direct.forwarding`), with no gap between its handlers and
+:func:`held_signals`', and by :func:`run_observed` when ``run`` returns. From then on
+:func:`held_signals` notes signals instead of obeying them; it clears the event on entry."""
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What a user or a scheduler sends to stop a launch; once its ranks have ended, the
 launcher finishes its closing lines first (the verdict, the report's command)."""
 
 
 @contextlib.contextmanager
-def held_signals(numbers: tuple[signal.Signals, ...] = HELD_SIGNALS) -> Iterator[list[bool]]:
+def held_signals(numbers: tuple[signal.Signals, ...] = HELD_SIGNALS) -> Iterator[None]:
     """Within the block, the signals of ``numbers`` act as they would without it (SIGINT
-    raises KeyboardInterrupt, the others end the process) until the caller appends to the
-    list yielded; from then on they are ignored: the ranks are gone already, and the lines
-    printed now are what the user needs most. The handlers before come back when the block
-    ends (main thread only; elsewhere Python takes no signals)."""
-    closing: list[bool] = []
+    raises KeyboardInterrupt, the others end the process) until :data:`RANKS_ENDED` is set;
+    from then on they are ignored: the ranks are gone already, and the lines printed now are
+    what the user needs most. The handlers before come back when the block ends (main
+    thread only; elsewhere Python takes no signals)."""
+    RANKS_ENDED.clear()
     if threading.current_thread() is not threading.main_thread():
-        yield closing
+        yield
         return
 
     def handle(number: int, frame: Any) -> None:
-        if closing or RANKS_ENDED.is_set():
+        if RANKS_ENDED.is_set():
             return
         if number == signal.SIGINT:
             signal.default_int_handler(number, frame)
@@ -231,7 +232,7 @@ def held_signals(numbers: tuple[signal.Signals, ...] = HELD_SIGNALS) -> Iterator
 
     before = {number: signal.signal(number, handle) for number in numbers}
     try:
-        yield closing
+        yield
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)

@@ -284,7 +284,7 @@ def _agreed_phase(ctx: Context, root: Path, name: str, temporary: Path, work: An
     if ctx.rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
     if error is not None:
-        if not is_write_failure(error):
+        if write_failure_in(error) is None:
             raise error
         raise ScalerunError(save_failure(root, name, error)) from None
     rank, (kind, text) = bad[0]
@@ -296,10 +296,6 @@ WRITE_FAILURES = ("write failed", "iostream error", "No space left", "Read-only 
                   "Disk quota exceeded")
 """What torch's writer says when the disk refused its bytes (it raises RuntimeError, with
 only ``basic_ios::clear: iostream error`` for a full disk)."""
-
-
-def is_write_failure(error: BaseException) -> bool:
-    return write_failure_in(error) is not None
 
 
 def write_failure_in(error: BaseException) -> BaseException | None:

@@ -165,8 +165,8 @@ class Output:
             while True:
                 wait = max(0.0, since + self.partial_after_s - time.monotonic()) if pending else None
                 if not select.select([descriptor], [], [], wait)[0]:  # a line without an end, waiting
-                    if _last_drawing(pending):
-                        self.write(dst, prefix + _last_drawing(pending) + "\n")
+                    if drawing := _last_drawing(pending):
+                        self.write(dst, prefix + drawing + "\n")
                     pending = ""
                     continue
                 chunk = os.read(descriptor, 65536)
