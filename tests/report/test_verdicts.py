@@ -35,6 +35,7 @@ def test_data_wait(data_s, gpu, procs, expected, fix) -> None:
     ((0.10, 0.10, 0.10, 0.10, 0.13, 0.10, 0.10, 0.10), [4]),
     ((0.10, 0.13, 0.13, 0.13), []),  # three alike set the median: nobody is slow, rank 0 is fast
     ((0.10,), []),  # one rank: nobody to compare with
+    ((0.10, 0.109, 0.0), []),  # a rank with no own time (nothing logged) is left out
 ])
 def test_slow_ranks(own, slow) -> None:
     ranks = [rank(i, node=f"nid00{i // 4}", steps=replace(STEP, own_s=value)) for i, value in enumerate(own)]
@@ -164,3 +165,15 @@ def test_warnings_come_before_hints_then_by_cost() -> None:
 @pytest.mark.parametrize(("numbers", "text"), [((), ""), ((3,), "3"), ((0, 1, 2, 5, 7, 8), "0-2, 5, 7-8")])
 def test_spans(numbers, text) -> None:
     assert rules.spans(numbers) == text
+
+
+@pytest.mark.parametrize(("own", "step_s", "slow"), [
+    ((0.0002, 0.0003), 0.012, []),  # issue 29: 50 % slower in 0.3 ms of a 12 ms step is 1 % of it
+    ((0.0002, 0.0008), 0.012, [1]),  # 0.6 ms of 12 ms: 5 %, it holds the step back
+    ((0.004, 0.0046), 0.004, [1]),  # 15 % of a 4 ms step that is all own work
+    ((0.004, 0.0046), 0.020, []),  # the same 0.6 ms in a 20 ms step: 3 %
+])
+def test_a_slow_rank_must_also_cost_a_share_of_the_step(own, step_s, slow) -> None:
+    ranks = [rank(i, steps=replace(STEP, own_s=value, step_s=step_s, step_median_s=step_s))
+             for i, value in enumerate(own)]
+    assert [v.rank for v in rules.slow_ranks(ranks)] == slow

@@ -112,6 +112,72 @@ def test_a_restarted_rank_keeps_each_steps_last_record(tmp_path: Path) -> None:
                                                           (4, 1005.0)]
 
 
+def train_step(log: StepLog, clock: FakeClock, step: int) -> None:
+    """One training step as wrap() and scalerun.loader mark it (a data wait, then phases)."""
+    clock.now += DATA_S
+    log.waited_for_data(DATA_S)
+    for phase, seconds in (("fwd", FWD_S), ("bwd", BWD_S), ("opt", OPT_S)):
+        log.begin(phase)
+        clock.now += seconds
+        log.end(phase)
+    log.end_step(step)
+    log.scalars(loss=float(step))
+
+
+def test_an_evaluation_after_the_last_step_is_filed_under_it(tmp_path: Path) -> None:
+    """Issue 29: the validation after the last step reached no record (it waited for a
+    next step), and a validation between epochs was filed under the next epoch's first
+    step. An evaluation (no training phase, no training loader) starts no step."""
+    path = step_log_path(tmp_path, 0)
+    clock = FakeClock(START)
+    log = StepLog(path, META, marks=ClockMarks(clock), clock=clock, flush_every_s=1e9)
+    for epoch, steps in ((1, (1, 2)), (2, (3, 4))):
+        for step in steps:
+            train_step(log, clock, step)
+        clock.now += 5.0  # evaluation: forwards under no_grad, an evaluation loader
+        log.scalars(val_accuracy=epoch / 10)
+    log.close()
+    _, steps = read_step_log(path)
+    assert [(r[keys.STEP], r[keys.SCALARS]) for r in steps] == [
+        (1, {"loss": 1.0}), (2, {"loss": 2.0, "val_accuracy": 0.1}),
+        (3, {"loss": 3.0}), (4, {"loss": 4.0, "val_accuracy": 0.2})]
+    assert steps[2][keys.DATA_S] == DATA_S  # the evaluation's time is not the next step's data wait
+
+
+def test_numbers_logged_after_a_written_step_are_filed_under_it(tmp_path: Path) -> None:
+    """Numbers that arrive once their step left the log's hands (a flush came between,
+    the next step's training loader started and stopped): the step's record is written
+    again with them, and read once."""
+    path = step_log_path(tmp_path, 0)
+    clock = FakeClock(START)
+    log = StepLog(path, META, marks=ClockMarks(clock), clock=clock, flush_every_s=1e9)
+    train_step(log, clock, 1)
+    train_step(log, clock, 2)
+    log.flush_held()  # step 2's record is on disk
+    log.scalars(val_accuracy=0.5)
+    log.close()
+    _, steps = read_step_log(path)
+    assert [(r[keys.STEP], r[keys.SCALARS]) for r in steps] == [
+        (1, {"loss": 1.0}), (2, {"loss": 2.0, "val_accuracy": 0.5})]
+    assert final_scalars({0: steps}) == {"loss": 2.0, "val_accuracy": 0.5}
+
+
+def test_numbers_logged_in_a_step_under_way_stay_with_it(tmp_path: Path) -> None:
+    """A loss logged between forward and step() belongs to the step under way."""
+    path = step_log_path(tmp_path, 0)
+    clock = FakeClock(START)
+    log = StepLog(path, META, marks=ClockMarks(clock), clock=clock, flush_every_s=1e9)
+    for step in (1, 2):
+        log.begin("fwd")
+        clock.now += FWD_S
+        log.end("fwd")
+        log.scalars(loss=float(step))
+        log.end_step(step)
+    log.close()
+    _, steps = read_step_log(path)
+    assert [r[keys.SCALARS] for r in steps] == [{"loss": 1.0}, {"loss": 2.0}]
+
+
 def test_real_cpu_marks_time_the_phases(tmp_path: Path) -> None:
     path = step_log_path(tmp_path, 0)
     log = StepLog(path, {"start": time.time()}, marks=CpuMarks(), flush_every_s=1e9)

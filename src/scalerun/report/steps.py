@@ -11,7 +11,8 @@ forward, backward and optimizer.
 Two numbers are the report's own:
 
 - a rank's *own time* (:attr:`StepStats.own_s`): the time it works on its own, without
-  waiting for the others. In a data-parallel step every rank ends together, so ``dt``
+  waiting for the others, the median of its steady steps (a mean follows the few steps
+  a garbage collection or the scheduler stretched, and names a healthy rank slow). In a data-parallel step every rank ends together, so ``dt``
   cannot tell a slow rank; its compute (communication taken out) can. When the step log
   has no communication time, the forward pass and the optimizer are used, which hold no
   collective under DDP.
@@ -101,13 +102,13 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
 
 
 def own_time(records: Sequence[Record]) -> tuple[float, str]:
-    """Mean seconds of a rank's own work per step, and what it adds up."""
+    """Median seconds of a rank's own work per step, and what it adds up."""
     if any(json_number(r.get(keys.COMM_S)) is not None for r in records):
         own = [seconds_of(r, keys.WORK_KEYS) - (json_number(r.get(keys.COMM_S)) or 0.0)
                for r in records]
-        return _mean([max(0.0, value) for value in own]), "compute"
+        return _median([max(0.0, value) for value in own]), "compute"
     own = [seconds_of(r, (keys.FWD_S, keys.OPT_S)) for r in records]
-    return _mean(own), "forward + optimizer"
+    return _median(own), "forward + optimizer"
 
 
 @dataclass(frozen=True)
@@ -180,3 +181,7 @@ def run_throughput(stats: Iterable[StepStats], world: int) -> float | None:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0

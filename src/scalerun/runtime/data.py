@@ -66,13 +66,17 @@ class ShardSampler(Sampler[int]):
 class TimedLoader(DataLoader):
     """A DataLoader that reports to the step log how long the loop waited for each batch.
 
-    Without a step log (no run directory) iteration is exactly DataLoader's own.
+    Without a step log (no run directory) iteration is exactly DataLoader's own. An
+    evaluation loader (``training=False``) reports nothing: its batches belong to no
+    training step, and numbers logged after it belong to the step it followed.
     """
+
+    training: bool = True
 
     def __iter__(self) -> Iterator:
         batches = super().__iter__()
         log = current_log()
-        return batches if log is None else _timed(batches, log)
+        return batches if log is None or not self.training else _timed(batches, log)
 
 
 def _timed(batches: Iterator, log: Any) -> Iterator:
@@ -169,7 +173,7 @@ def loader(
     pin = knobs.choose("pin_memory", kwargs.get("pin_memory"))
     kwargs["pin_memory"] = (ctx is not None and ctx.device.type == "cuda") if pin is None else pin
     kwargs.setdefault("persistent_workers", workers > 0)
-    return TimedLoader(
+    timed = TimedLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
@@ -178,3 +182,5 @@ def loader(
         generator=torch.Generator().manual_seed(seed),
         **kwargs,
     )
+    timed.training = train
+    return timed

@@ -105,7 +105,16 @@ class StepLog:
         self._meta_written = False
         self._pending: list[PendingStep] = []
         self._closing: PendingStep | None = None
-        """The step that just ended: scalars logged right after ``step()`` still join it."""
+        """The step that just ended: scalars logged after ``step()`` join it until the next
+        step gets under way (an evaluation between two steps does not: see :meth:`scalars`)."""
+        self._last_step: int | None = None
+        """The number of the last step that ended."""
+        self._late: dict[str, Any] = {}
+        """Scalars logged after the last step once its record had left :attr:`_closing`
+        (a validation loader made as a training one, say): filed under that step."""
+        self._written: dict[str, Any] | None = None
+        """The last step record written, to write again with :attr:`_late` merged (the
+        reader keeps a step's last record)."""
         self._ready: list[dict[str, Any]] = []
         self._open: dict[str, Any] = {}
         self._current = self._fresh()
@@ -117,7 +126,7 @@ class StepLog:
         self._data_seen = False
 
     def _fresh(self) -> dict[str, Any]:
-        return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}}
+        return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}, "active": False}
 
     # -- what the runtime calls ----------------------------------------------------
     def update_meta(self, **values: Any) -> None:
@@ -130,12 +139,17 @@ class StepLog:
         self.meta[keys.LOOP] = loop
 
     def waited_for_data(self, seconds: float) -> None:
+        """A training loader's wait for a batch starts the next step (an evaluation
+        loader, ``scalerun.loader(train=False)``, reports none: it belongs to no step)."""
         self._settle()
         self._data_seen = True
         self._current["data_s"] += seconds
+        self._current["active"] = True
 
     def begin(self, phase: str) -> None:
+        """A training phase (the callers mark no evaluation forward) starts the next step."""
         self._settle()
+        self._current["active"] = True
         self._open[phase] = self.marks.mark()
 
     def end(self, phase: str) -> None:
@@ -151,15 +165,21 @@ class StepLog:
         self._current["samples"] += count
 
     def scalars(self, **values: Any) -> None:
-        """The user's numbers: they belong to the step that just ended when logged between
-        ``step()`` and the next batch (the usual place), else to the step under way.
-        Tensors stay tensors until the flush."""
-        target = self._closing.scalars if self._closing is not None else self._current["scalars"]
-        target.update(values)
+        """The user's numbers: they belong to the step that just ended when logged before
+        the next step got under way (after ``step()``, after an evaluation: the usual
+        places), else to the step under way. Tensors stay tensors until the flush."""
+        if self._closing is not None:
+            self._closing.scalars.update(values)
+        elif self._current["active"] or self._last_step is None:
+            self._current["scalars"].update(values)
+        else:
+            self._late.update(values)
 
     def end_step(self, step: int) -> None:
         """Close the step that just ended with optimizer step number ``step``."""
         self._settle()
+        self._attach_late()
+        self._last_step = step
         current, self._current = self._current, self._fresh()
         self._closing = PendingStep(
             step=step, wall_end=self.clock(), data_s=current["data_s"],
@@ -174,6 +194,33 @@ class StepLog:
             self._pending.append(self._closing)
             self._closing = None
             self._resolve()
+
+    def _attach_late(self) -> None:
+        """Late scalars join their step's record where it is not written yet."""
+        if not self._late:
+            return
+        for pending in reversed(self._pending):
+            if pending.step == self._last_step:
+                pending.scalars.update(self._late)
+                self._late = {}
+                return
+        for record in reversed(self._ready):
+            if record[keys.STEP] == self._last_step:
+                record[keys.SCALARS].update({name: as_number(value) for name, value in self._late.items()})
+                self._late = {}
+                return
+
+    def _late_record(self) -> list[dict[str, Any]]:
+        """Late scalars of a step already written: its record again, with them (the reader
+        keeps a step's last record, so the step is counted once)."""
+        self._attach_late()
+        written = self._written
+        if not self._late or written is None or written[keys.STEP] != self._last_step:
+            return []
+        record = {**written, keys.SCALARS: {**written[keys.SCALARS],
+                                            **{name: as_number(value) for name, value in self._late.items()}}}
+        self._late = {}
+        return [record]
 
     # -- writing -------------------------------------------------------------------
     def _resolve(self, everything: bool = False) -> None:
@@ -221,10 +268,14 @@ class StepLog:
             self._settle()
             self.marks.finish()
             self._resolve(everything=True)
+        self._attach_late()
         records = self._ready
         self._ready = []
         if records:
             self._compute_dt(records)
+        records += self._late_record() if not records else []
+        if records:
+            self._written = records[-1]
         if not self._meta_written and self.loop is not None:
             self.meta[keys.NOT_MEASURED] = self._not_measured(records)
         lines = ([] if self._meta_written else [{keys.KIND: keys.META_KIND, **self.meta}]) + records
