@@ -15,6 +15,7 @@ import pytest
 from scalerun.doctor.checks import (
     FAIL,
     PASS,
+    SKIP,
     WARN,
     Verdict,
     exit_code,
@@ -128,7 +129,7 @@ CASES: list[tuple[str, Callable[[Job], Job], dict, set[tuple[str, str]]]] = [
 
 
 def problems(verdicts: list[Verdict]) -> set[tuple[str, str]]:
-    return {(v.check, v.level) for v in verdicts if v.level != PASS}
+    return {(v.check, v.level) for v in verdicts if v.level not in (PASS, SKIP)}
 
 
 @pytest.mark.parametrize(("name", "plant", "options", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -137,7 +138,19 @@ def test_planted_fault_gives_exactly_its_verdicts(name, plant, options, expected
     assert problems(verdicts) == expected
     assert exit_code(verdicts) == (1 if any(level == FAIL for _, level in expected) else 0)
     for verdict in verdicts:
-        assert verdict.level == PASS or verdict.fix, f"{verdict.check} {verdict.level} has no fix"
+        assert verdict.level in (PASS, SKIP) or verdict.fix, f"{verdict.check} {verdict.level} has no fix"
+
+
+def test_a_check_that_did_not_run_says_skip_never_pass() -> None:
+    """Issue 29: the quick check (a job's first step) printed "PASS gpu-smoke no GPU in use:
+    smoke test skipped" on GPU nodes, where it had simply not run the test."""
+    quick = [replace(f, smoke=None) for f in lumi_job()]  # GPUs in use, the smoke test not run
+    levels = {v.check: (v.level, v.message) for v in run_checks(quick)}
+    assert levels["gpu-smoke"][0] == SKIP and "not run by the quick check" in levels["gpu-smoke"][1]
+    no_gpus = [replace(f, gpu_index=None, gpu_pci=None, gpu_numa=None) for f in quick]
+    levels = {v.check: (v.level, v.message) for v in run_checks(no_gpus)}
+    assert levels["gpu-smoke"] == (SKIP, "no GPU in use: nothing to test")
+    assert levels["numa"][0] == SKIP
 
 
 def verdict(verdicts: list[Verdict], check: str, level: str) -> Verdict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.doctor.checks import FAIL, PASS, WARN, check_deepspeed_ops, run_checks
+from scalerun.doctor.checks import FAIL, PASS, SKIP, WARN, check_deepspeed_ops, run_checks
 from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, OpState, ops_needed, read_deepspeed
 from scalerun.doctor.facts import facts_from_dict
 from scalerun.doctor.report import fact_json
@@ -84,8 +84,8 @@ def levels(verdicts) -> list[tuple[str, str]]:
     return [(v.level, v.message) for v in verdicts]
 
 
-def test_without_deepspeed_one_pass_line() -> None:
-    assert levels(check_deepspeed_ops(lumi_job())) == [(PASS, "DeepSpeed is not installed: no op to check")]
+def test_without_deepspeed_one_skip_line() -> None:
+    assert levels(check_deepspeed_ops(lumi_job())) == [(SKIP, "DeepSpeed is not installed: no op to check")]
 
 
 def test_the_table_is_one_verdict_with_ds_report_grouped() -> None:
@@ -155,6 +155,23 @@ def test_the_installed_deepspeed_table(tmp_path, monkeypatch) -> None:
     assert found.needs == ("fused_adam", "deepspeed_shm_comm") and found.error is None
     assert not any(op.cached for op in found.ops)  # an empty extensions folder holds no build
     assert found.op("fused_adam").build_var == "DS_BUILD_FUSED_ADAM"
+
+
+def test_the_quick_check_reads_deepspeed_only_for_a_launch_with_a_config(tmp_path) -> None:
+    """A job's first step (``--quick``) leaves an installed DeepSpeed unimported unless the
+    launch names a DeepSpeed config: the import is 1.5 s of CPU per node in every job. The
+    verdict says SKIP, not PASS."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'scalerun[deepspeed]')")
+    unread = read_deepspeed({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, quick=True)
+    assert unread is not None and unread.unread and not unread.ops
+    assert levels(check_deepspeed_ops(job(lambda node: unread))) == [
+        (SKIP, "not read by the quick check of a launch without --deepspeed-config: "
+               "`scalerun doctor` shows DeepSpeed's ops")]
+    config = tmp_path / "ds_config.json"
+    config.write_text('{"optimizer": {"type": "Adam"}}')
+    read = read_deepspeed({"TORCH_EXTENSIONS_DIR": str(tmp_path), "SCALERUN_DEEPSPEED_CONFIG": str(config)},
+                          quick=True)
+    assert read is not None and not read.unread and read.needs == ("fused_adam", "deepspeed_shm_comm")
 
 
 def test_doctor_reports_the_ops_of_the_launched_config(tmp_path) -> None:

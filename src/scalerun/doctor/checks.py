@@ -27,8 +27,10 @@ from scalerun.plan.gpu import one_gpu_per_rank
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Nic
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-SEVERITY = {PASS: 0, WARN: 1, FAIL: 2}
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+SEVERITY = {SKIP: -1, PASS: 0, WARN: 1, FAIL: 2}
+"""A check that did not run (nothing to test, or left to the full doctor) says SKIP, never
+PASS: a PASS is a claim that something was tested and found right."""
 NODE_LOCAL_PREFIXES = ("/tmp/", "/dev/shm/", "/var/tmp/")
 MUST_MATCH = ("torch", "cuda", "hip", "nccl", "rocm")
 """Versions that must be equal on every node: collectives of different builds may hang."""
@@ -50,6 +52,10 @@ class Verdict:
 
 def passed(check: str, message: str) -> Verdict:
     return Verdict(PASS, check, message)
+
+
+def skipped(check: str, message: str) -> Verdict:
+    return Verdict(SKIP, check, message)
 
 
 def compact(numbers: Iterable[int]) -> str:
@@ -378,7 +384,7 @@ def check_numa(facts: Sequence[Facts]) -> list[Verdict]:
     """Each rank's CPUs sit on its GPU's NUMA node: the course's first affinity check."""
     known = [f for f in facts if f.gpu_numa is not None and f.cpu_numas]
     if not known:
-        return [passed("numa", "no GPU with a known NUMA node: nothing to compare")]
+        return [skipped("numa", "no GPU with a known NUMA node: nothing to compare")]
     far = [f for f in known if f.gpu_numa not in f.cpu_numas]
     spread = [f for f in known if f not in far and len(f.cpu_numas) > 1 and not f.unbound]
     out = []
@@ -560,8 +566,11 @@ def check_caches(facts: Sequence[Facts]) -> list[Verdict]:
 def check_smoke(facts: Sequence[Facts]) -> list[Verdict]:
     """Each GPU in use multiplies two matrices correctly."""
     tested = [f for f in facts if f.smoke is not None]
+    if not tested and any(f.gpu_index is not None for f in facts):
+        return [skipped("gpu-smoke", "not run by the quick check (a job's first step): "
+                        "`scalerun doctor` multiplies matrices on every GPU")]
     if not tested:
-        return [passed("gpu-smoke", "no GPU in use: smoke test skipped")]
+        return [skipped("gpu-smoke", "no GPU in use: nothing to test")]
     failed = [f for f in tested if not f.smoke.ok]
     if failed:
         return [_verdict(FAIL, "gpu-smoke", "a GPU gave a wrong matrix product or failed",
@@ -589,7 +598,11 @@ def check_deepspeed_ops(facts: Sequence[Facts]) -> list[Verdict]:
     JIT-compiled on every node at start (or cannot be built at all)."""
     nodes = [f for f in facts if f.deepspeed is not None]
     if not nodes:
-        return [passed("deepspeed-ops", "DeepSpeed is not installed: no op to check")]
+        return [skipped("deepspeed-ops", "DeepSpeed is not installed: no op to check")]
+    if all(f.deepspeed.unread for f in nodes if f.deepspeed):
+        return [skipped("deepspeed-ops", "not read by the quick check of a launch without "
+                        "--deepspeed-config: `scalerun doctor` shows DeepSpeed's ops")]
+    nodes = [f for f in nodes if f.deepspeed and not f.deepspeed.unread]
     out = [_op_table_verdict(nodes)] + _config_read_errors(nodes)
     if not any(f.deepspeed.needs for f in nodes if f.deepspeed):
         return out

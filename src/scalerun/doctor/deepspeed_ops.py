@@ -70,6 +70,10 @@ class DeepSpeedFacts:
     """The ops that config makes DeepSpeed load (:func:`ops_needed`)."""
     error: str | None = None
     """Why the config could not be read."""
+    unread: bool = False
+    """Installed, but not imported: the quick check of a launch that names no DeepSpeed
+    config leaves it (importing DeepSpeed costs 1.5 s of CPU per node, and more on a shared
+    file system, in every job)."""
 
     def op(self, name: str) -> OpState | None:
         return next((op for op in self.ops if op.name == name), None)
@@ -209,11 +213,15 @@ def _config_needs(path: str | None, accelerator: str) -> tuple[tuple[str, ...], 
         return (), str(error)
 
 
-def read_deepspeed(environ: Mapping[str, str]) -> DeepSpeedFacts | None:
-    """This node's DeepSpeed, or None where it is not installed (nothing is imported then)."""
+def read_deepspeed(environ: Mapping[str, str], *, quick: bool = False) -> DeepSpeedFacts | None:
+    """This node's DeepSpeed, or None where it is not installed (nothing is imported then).
+    ``quick`` (a job's first step): imported only when the launch names a DeepSpeed config,
+    else :attr:`DeepSpeedFacts.unread`."""
 
     if importlib.util.find_spec("deepspeed") is None:
         return None
+    if quick and not environ.get(variables.DEEPSPEED_CONFIG):
+        return DeepSpeedFacts(version="", accelerator="", ninja=False, extensions_dir="", unread=True)
     folder = extensions_dir(environ)
     version, accelerator, ninja, ops = op_table(folder)
     config = environ.get(variables.DEEPSPEED_CONFIG) or None

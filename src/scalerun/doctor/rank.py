@@ -127,7 +127,7 @@ def examine(ctx: Context, options: DoctorOptions, notes: list[str], before_init:
     if not barrier.ok:
         return Report(world_size=ctx.world_size, verdicts=(verdict,), barrier=barrier, site=stage.site_name)
     facts = collectives.gather(gather_facts(ctx=ctx, **local, smoke=None if options.quick else smoke_test(ctx.device),
-                                            deepspeed=node_deepspeed(ctx)), control)
+                                            deepspeed=node_deepspeed(ctx, options.quick)), control)
     try:
         return check_collectives(stage, facts, barrier, verdict)
     except RuntimeError as error:  # a rank died or a group broke: report what is known
@@ -161,11 +161,11 @@ def prepare_node(ctx: Context, options: DoctorOptions, before_init: dict[str, st
     return {"topology": topology, "plan": plan, "rank_gpu": rank_gpu, "simulated": simulated}
 
 
-def node_deepspeed(ctx: Context) -> DeepSpeedFacts | None:
+def node_deepspeed(ctx: Context, quick: bool = False) -> DeepSpeedFacts | None:
     """DeepSpeed's op table, read once per node (local rank 0): ops are built per node.
     Read after ``init`` applied its decisions, so ``TORCH_EXTENSIONS_DIR`` is the one
-    training will use."""
-    return read_deepspeed(os.environ) if ctx.local_rank == 0 else None
+    training will use. The quick check reads it only for a launch with a DeepSpeed config."""
+    return read_deepspeed(os.environ, quick=quick) if ctx.local_rank == 0 else None
 
 
 def check_collectives(stage: Stage, facts: list[Facts], barrier: Any, barrier_verdict: Any) -> Report:

@@ -17,6 +17,7 @@ from scalerun.doctor.checks import (
     FAIL,
     PASS,
     SEVERITY,
+    SKIP,
     WARN,
     Verdict,
     compact,
@@ -50,7 +51,7 @@ class Report:
 
     def counts(self) -> dict[str, int]:
         found = Counter(v.level for v in self.verdicts)
-        return {level: found.get(level, 0) for level in (PASS, WARN, FAIL)}
+        return {level: found.get(level, 0) for level in (PASS, SKIP, WARN, FAIL)}
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int] | None = None) -> list[str]:
@@ -144,7 +145,7 @@ def render_text(report: Report) -> str:
         lines += verdict_lines(verdict)
     lines += [f"note: {note}" for note in report.notes]
     counts = report.counts()
-    lines += ["", f"summary: {counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL "
+    lines += ["", f"summary: {counts[PASS]} PASS, {counts[SKIP]} SKIP, {counts[WARN]} WARN, {counts[FAIL]} FAIL "
                   f"-> exit code {report.exit_code}"]
     return "\n".join(lines)
 
