@@ -283,3 +283,20 @@ def test_a_switch_that_is_neither_0_nor_1_names_itself(trees, variable) -> None:
 def test_launch_flags_become_the_variables_the_plan_reads() -> None:
     assert binding_variables(True, False) == {"SCALERUN_HYPERTHREADS": "1", "SCALERUN_MEMBIND": "0"}
     assert binding_variables(False, None) == {}
+
+
+@pytest.mark.parametrize(("version", "gdr"), [("6.0.3-42", "PHB"), ("6.2.41133-dd7f95766", None)])
+def test_off_lumi_the_rocm_where_the_rank_runs_decides_gpu_direct(trees, tmp_path, version, gdr) -> None:
+    """Issue 29: "the image's ROCm decides" had no test (a constant ``rocm_version()`` left
+    every test green). A site without a GDR level of its own (``local``) on AMD GCDs: the
+    ROCm install the rank sees (``$ROCM_PATH/.info/version``; in a container, the image's)
+    decides ``NCCL_NET_GDR_LEVEL``."""
+    rocm = tmp_path / "rocm"
+    (rocm / ".info").mkdir(parents=True)
+    (rocm / ".info" / "version").write_text(version + "\n")
+    plan = plan_this_rank(environ={"ROCM_PATH": str(rocm)}, sysfs=trees.root("lumig"), site="local",
+                          placement=placed(0, 2))
+    decided = {setting.name: setting for setting in plan.environment}
+    assert (decided["NCCL_NET_GDR_LEVEL"].value if "NCCL_NET_GDR_LEVEL" in decided else None) == gdr
+    if gdr:
+        assert f"ROCm {version}" in decided["NCCL_NET_GDR_LEVEL"].reason
