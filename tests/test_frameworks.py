@@ -40,9 +40,11 @@ ACCELERATE_CPU = "ACCELERATE_USE_CPU"
 """Accelerate goes multi-process on CPUs only when told (what ``accelerate launch --cpu`` sets)."""
 
 
-def local_launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def local_launch(tmp_path: Path, *args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``env``: variables to set, or (None) to take out of the launch's environment."""
+    merged = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     done = scalerun("launch", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), *args,
-                    env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                    env={name: value for name, value in merged.items() if value is not None})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -52,7 +54,9 @@ def local_launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
 
 def test_accelerate_test_script_locally(tmp_path) -> None:
     needs("accelerate")
-    done = local_launch(tmp_path, accelerate_test_script(), env={ACCELERATE_CPU: "1"})
+    """Issue 29: without ACCELERATE_USE_CPU each rank ran alone (DistributedType.NO) and the
+    two copies raced on one file; the plan now sets it for CPU ranks of a world."""
+    done = local_launch(tmp_path, accelerate_test_script(), env={ACCELERATE_CPU: None})
     assert done.stdout.count("Distributed environment: DistributedType.MULTI_CPU  Backend: gloo") == 2
     assert done.stdout.count("Num processes: 2") == 2
     # it raises on any failed check (exit code 0 above); torch elastic's tee may cut a
@@ -148,7 +152,7 @@ def test_lightning_picks_slurm_or_its_own_environment_with_the_same_ranks() -> N
 # framework -> (module it needs, GPUs (ranks) per node, script and arguments, extra launch flags)
 ON_SLURM = {
     # Accelerate's test script checks its data splits for exactly 2 processes: 1 per node
-    "accelerate": ("accelerate", 1, lambda tmp: [accelerate_test_script()], ["--env", f"{ACCELERATE_CPU}=1"]),
+    "accelerate": ("accelerate", 1, lambda tmp: [accelerate_test_script()], []),  # the plan sets ACCELERATE_USE_CPU
     "fabric": ("lightning", 2, lambda tmp: [str(SCRIPTS / "fabric_train.py"), "--devices", "2", "--num-nodes", "2"],
                []),
     "trainer": ("transformers", 1, lambda tmp: [str(SCRIPTS / "trainer_train.py"), "--out", str(tmp / "hf")],

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,3 +187,15 @@ def test_importing_the_sampler_loads_no_vendor_library_and_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=environment(), check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_stop_signal_while_the_sampler_holds_the_events_lock_does_not_hang() -> None:
+    """The handler runs in the main thread between two bytecodes: here, while that thread
+    is inside ``stop.wait()`` holding the event's lock (a sampler stopped by SIGINT hung so
+    in a suite run). ``stop.set()`` there would wait for that lock forever."""
+    from scalerun.commands.node_sampler import set_from_a_handler
+
+    stop = threading.Event()
+    with stop._cond:  # what Event.wait holds between its checks
+        set_from_a_handler(stop)
+    assert stop.wait(10)

@@ -184,3 +184,16 @@ def test_a_running_rank_fixes_its_own_thresholds() -> None:
     from scalerun.runtime.malloc import fix_thresholds
 
     assert fix_thresholds() is (__import__("platform").libc_ver()[0] == "glibc")
+
+
+@pytest.mark.parametrize(("cpu", "world", "environ", "expected"), [
+    (True, 2, {}, "1"),  # issue 29: Accelerate joins CPU ranks only when told
+    (True, 1, {}, None),  # one rank: nothing to join
+    (False, 8, {}, None),  # GPU ranks: Accelerate finds its world by itself
+    (True, 2, {"ACCELERATE_USE_CPU": "0"}, "0"),  # the user's own value wins
+])
+def test_accelerate_is_told_to_join_cpu_ranks(cpu, world, environ, expected) -> None:
+    decided = decide_environment(rank=RankFacts(cpu_compute=cpu, world_size=world,
+                                                gpu_vendor=None if cpu else "nvidia"), environ=environ)
+    values = {s.name: s.value for s in decided.settings}
+    assert values.get("ACCELERATE_USE_CPU") == expected

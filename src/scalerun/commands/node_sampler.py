@@ -94,11 +94,20 @@ def parse_args(argv: Sequence[str] | None = None) -> NodeConfig:
     )
 
 
+def set_from_a_handler(event: threading.Event) -> None:
+    """``event.set()`` for a signal handler. Called in the handler itself it can hang the
+    sampler for good: the handler runs in the main thread between two bytecodes, maybe
+    while that thread holds the event's lock inside ``event.wait()``, and ``set()`` waits
+    for that lock (a sampler stopped by SIGINT hung so, once in a suite run). A thread of
+    its own waits for the lock until ``wait()`` lets it go."""
+    threading.Thread(target=event.set, name="stop", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: 0 after SIGTERM/SIGINT (samples flushed), 2 on a wrong flag."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda *_: set_from_a_handler(stop))
     try:
         run(parse_args(argv), stop)
     except ScalerunError as error:

@@ -35,6 +35,7 @@ class RankFacts:
     num_nodes: int = 1
     cpu_compute: bool = False
     """The rank computes on the CPU (gloo): its heap churns every step."""
+    world_size: int = 1
 
 
 #: glibc's malloc thresholds for CPU ranks, fixed (see :func:`malloc_setting`).
@@ -61,6 +62,19 @@ def malloc_setting(rank: RankFacts, environ: Mapping[str, str]) -> Setting | Non
     return Setting("GLIBC_TUNABLES", MALLOC_TUNABLES, "default",
                    "fixed malloc thresholds: a CPU rank's heap is not trimmed and faulted in "
                    "again every step")
+
+
+def accelerate_cpu_setting(rank: RankFacts) -> Setting | None:
+    """``ACCELERATE_USE_CPU=1`` for ranks of a world that compute on the CPU.
+
+    Why: Accelerate forms a CPU world (gloo) only when told, as ``accelerate launch --cpu``
+    does; without it every rank says "DistributedType.NO, Num processes: 1" and trains the
+    whole job alone, N copies racing on one output folder (issue 29). Only Accelerate
+    reads it; the user's own value wins."""
+    if not rank.cpu_compute or rank.world_size < 2:
+        return None
+    return Setting("ACCELERATE_USE_CPU", "1", "default",
+                   "Accelerate joins CPU ranks into one world only when told (accelerate launch --cpu sets it)")
 
 
 @dataclass(frozen=True)
@@ -102,7 +116,7 @@ def decide_environment(
         settings.append(Setting("TOKENIZERS_PARALLELISM", "false", "default",
                                 "tokenizer threads inside loader workers oversubscribe the cores"))
     settings += _cache_settings(rank, environ)
-    settings += [s for s in [malloc_setting(rank, environ)] if s is not None]
+    settings += [s for s in [malloc_setting(rank, environ), accelerate_cpu_setting(rank)] if s is not None]
     settings = _apply_site(settings, site_task_env or {}, environ)
     return Decision(tuple(respect_user(settings, environ)), interfaces)
 

@@ -412,7 +412,7 @@ def _decide(
     return decide_environment(
         rank=RankFacts(threads=threads, nic=binding.nic, gpu_vendor=vendor,
                        loader_workers=workers, num_nodes=placement.num_nodes,
-                       cpu_compute=cpu_compute),
+                       cpu_compute=cpu_compute, world_size=placement.world_size),
         nics=topology.nics,
         site_interfaces=site.network.interfaces if site else (),
         site_task_env=site.task_env if site else None,

@@ -13,14 +13,16 @@ share of time at stake).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from scalerun.events import Event
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import SEVERITY_ORDER, RankReport, Verdict
 from scalerun.report.nodes import NodeStats
 from scalerun.report.steps import RunSteps
+from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog_reader import FLUSH_EVERY_S
 
 DATA_WAIT_SHARE = 0.15
@@ -63,9 +65,11 @@ MAX_PER_TOPIC = 3
 
 
 def find_verdicts(ranks: Sequence[RankReport], nodes: Sequence[NodeStats],
-                  steps: RunSteps | None, events: Sequence[Event] = ()) -> list[Verdict]:
-    """Every verdict of the run, worst first."""
+                  steps: RunSteps | None, events: Sequence[Event] = (),
+                  metas: Mapping[int, Mapping[str, Any]] | None = None) -> list[Verdict]:
+    """Every verdict of the run, worst first. ``metas``: each rank's step-log meta line."""
     found: list[Verdict] = event_verdicts(events, ranks)
+    found += world_not_formed(metas or {}, steps.world_size if steps else None)
     if steps is not None:
         found += missing_ranks(steps) + stopped_early(ranks, steps)
     slow = slow_ranks(ranks)
@@ -120,6 +124,46 @@ def event_verdicts(events: Sequence[Event], ranks: Sequence[RankReport]) -> list
                              "read the launcher's output of the failed attempt (RUN_DIR/events.jsonl "
                              "has when)", 0.5))
     return found
+
+
+# -- the world ---------------------------------------------------------------------
+
+NOT_ONE_WORLD_COST = 2.0
+"""Above any share of the step: a run whose ranks never formed one world did each thing
+N times, and every other number of it describes copies. It is said first."""
+
+
+def world_not_formed(metas: Mapping[int, Mapping[str, Any]], world_size: int | None) -> list[Verdict]:
+    """Ranks that trained without joining the launched world, from their step logs' meta
+    lines (what the rank had joined when its log opened; logs that do not say are left
+    out): none joined a process group, so each ran the whole job alone (a script without
+    ``init_process_group``; Accelerate on CPU ranks not told ``ACCELERATE_USE_CPU``); or
+    a rank joined a world of another size than the ranks launched."""
+    known = {rank: meta for rank, meta in metas.items() if keys.GROUP_SIZE in meta}
+    if not world_size or world_size < 2 or not known:
+        return []
+    alone = sorted(rank for rank, meta in known.items() if meta.get(keys.BACKEND) is None)
+    if alone:
+        every = len(alone) == len(known)
+        who = f"the {world_size} ranks" if every and len(known) == world_size else f"rank(s) {spans(alone)}"
+        return [Verdict(
+            "one-world", "warn",
+            f"{who} never formed one world: no process group joined, so each rank ran the whole "
+            f"job on its own (copies of one run, not one run on {world_size} ranks)",
+            "start the process group in the script (scalerun.init(), or torch.distributed."
+            "init_process_group() before wrapping the model); or launch one rank",
+            NOT_ONE_WORLD_COST)]
+    other = {rank: meta.get(keys.GROUP_SIZE) for rank, meta in known.items()
+             if meta.get(keys.GROUP_SIZE) != world_size}
+    if not other:
+        return []
+    sizes = sorted({str(size) for size in other.values()})
+    return [Verdict(
+        "one-world", "warn",
+        f"rank(s) {spans(sorted(other))} joined a world of {'/'.join(sizes)} rank(s), not the "
+        f"{world_size} launched",
+        "let the process group take its size from the launcher (WORLD_SIZE, or init_method='env://')",
+        NOT_ONE_WORLD_COST)]
 
 
 # -- the steps ---------------------------------------------------------------------

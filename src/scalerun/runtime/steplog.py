@@ -415,7 +415,8 @@ def _open_log(device: Any = None) -> StepLog | None:
         cuda = ctx.device.type == "cuda"
         meta = _meta(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device, ctx.backend,
                      gpu.physical if gpu is not None and cuda else None,
-                     ctx.plan.binding.gpu_pci if ctx.plan and cuda else None)
+                     ctx.plan.binding.gpu_pci if ctx.plan and cuda else None,
+                     ctx.world_size if ctx.backend else None)
     elif device is not None:
         meta = _meta_without_init(device)
         if meta is None:
@@ -430,7 +431,7 @@ def _open_log(device: Any = None) -> StepLog | None:
 
 
 def _meta(rank: int, world_size: int, local_rank: int, device: Any, backend: str | None,
-          gpu_index: int | None, gpu_pci: str | None) -> dict[str, Any]:
+          gpu_index: int | None, gpu_pci: str | None, group_size: int | None) -> dict[str, Any]:
     import socket
 
     from scalerun.placement import node_name
@@ -438,6 +439,7 @@ def _meta(rank: int, world_size: int, local_rank: int, device: Any, backend: str
     return {keys.RANK: rank, keys.WORLD_SIZE: world_size, keys.LOCAL_RANK: local_rank,
             keys.NODE: node_name(), keys.HOST: socket.gethostname(), keys.DEVICE: str(device),
             keys.GPU_INDEX: gpu_index, keys.GPU_PCI: gpu_pci, keys.BACKEND: backend,
+            keys.GROUP_SIZE: group_size,
             keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
             keys.VERSION: keys.FORMAT_VERSION}
 
@@ -452,11 +454,30 @@ def _meta_without_init(device: Any) -> dict[str, Any] | None:
         where = detect()
     except ScalerunError:
         return None
+    backend, group_size = joined_world()
+    gpu_index, gpu_pci = _gpu_of(device)
+    return _meta(where.rank, where.world_size, where.local_rank, device, backend, gpu_index, gpu_pci,
+                 group_size)
+
+
+def joined_world() -> tuple[str | None, int | None]:
+    """(backend, size) of the world this process has joined: torch's default process
+    group, else Horovod's own (a Horovod script needs no process group); (None, None)
+    where it has joined none: a script that never initialises one trains alone."""
+    import sys
+
     import torch.distributed as dist
 
-    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
-    gpu_index, gpu_pci = _gpu_of(device)
-    return _meta(where.rank, where.world_size, where.local_rank, device, backend, gpu_index, gpu_pci)
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend()), dist.get_world_size()
+    horovod = sys.modules.get("horovod.torch")
+    if horovod is not None:
+        try:
+            if horovod.is_initialized():
+                return "horovod", int(horovod.size())
+        except Exception:  # noqa: BLE001 - an odd Horovod build: say nothing rather than fail
+            return None, None
+    return None, None
 
 
 def _gpu_of(device: Any) -> tuple[int | None, str | None]:

@@ -88,6 +88,11 @@ DEVICE = "device"
 GPU_INDEX = "gpu_index"
 GPU_PCI = "gpu_pci"
 BACKEND = "backend"
+"""The process group's backend when the log opened (``horovod`` for Horovod's own world);
+null: the rank had joined no world."""
+GROUP_SIZE = "group_size"
+"""The size of the world the rank had joined when the log opened; null: none (or a log
+older than this key)."""
 CPUS = "cpus"
 """The CPUs the rank may run on, after binding (null where not Linux)."""
 START = "start"

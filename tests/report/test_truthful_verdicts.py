@@ -1,10 +1,15 @@
-"""The slow-rank verdict on a real launch of a plain DDP loop (the shape of pytorch/examples'
-DDP tutorial: a DataLoader with a DistributedSampler, DDP, no scalerun in the script).
+"""Verdicts on real launches of scripts that do not import scalerun (issue 29).
+
+The slow-rank verdict on a plain DDP loop (the shape of pytorch/examples' DDP tutorial: a
+DataLoader with a DistributedSampler, DDP, no scalerun in the script).
 
 Issue 29: a healthy rank was named "44 % slower" in 5 of 15 launches because a few
 stretched steps pulled its mean; and a rank slow in every step must still be named.
 Both in one launch of three ranks: rank 1 has two slow steps of 30 steady ones, rank 2
 is 25 ms slower in every forward.
+
+A script that never forms one world (the shape of pytorch/examples' MNIST: no process
+group) ran N times, silently; it must be said first.
 """
 
 from __future__ import annotations
@@ -68,3 +73,31 @@ def test_rare_slow_steps_name_nobody_and_a_rank_slow_in_every_step_is_named(tmp_
     verdicts = json.loads(report.stdout)["verdicts"]
     slow = [(v["rank"], v["message"]) for v in verdicts if v["topic"] == "slow-rank"]
     assert [rank for rank, _ in slow] == [2], slow
+    assert not [v for v in verdicts if v["topic"] == "one-world"]  # one world of 3: nothing to say
+
+
+ALONE = """
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for step in range(12):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.randn(32, 20)), torch.randn(32, 1)).backward()
+        optimizer.step()
+"""
+
+
+def test_ranks_that_never_form_one_world_are_said_first(tmp_path: Path) -> None:
+    script = tmp_path / "no_process_group.py"
+    script.write_text(textwrap.dedent(ALONE))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--no-monitor",
+                           "--run-dir", str(run), str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
+    assert said and "the 2 ranks never formed one world" in said[0], done.stderr
+    report = subprocess.run([sys.executable, "-m", "scalerun", "report", str(run), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    first = json.loads(report.stdout)["verdicts"][0]
+    assert first["topic"] == "one-world" and "copies of one run" in first["message"], first
