@@ -85,6 +85,10 @@ LOCAL_AGENT = "SCALERUN_LOCAL_AGENT"
 """``torch``: a one-node local launch without restarts runs its ranks under torch elastic's
 agent, as launches with restarts or several nodes do; by default scalerun starts and
 watches them itself, without importing torch (``scalerun/launch/local/direct.py``)."""
+LINES_PREFIXED = "SCALERUN_LINES_PREFIXED"
+"""``1``: the launcher prefixes each of this rank's lines itself (srun mode on several
+nodes, mpirun); torch elastic's prefix template says so for local launches. A rank's
+uncaught exception then prints without torch's own ``[rankN]: `` in front."""
 START = "SCALERUN_START"
 """``exec``: local ranks start on their own, as before the warm start; the default of
 ``scalerun launch --start`` (``warm``: forked from one starter per node)."""
@@ -93,7 +97,7 @@ ALL = (
     SITE, SITE_FILE, SYSFS, BACKEND, BIND, HYPERTHREADS, MEMBIND, NETCONF, MALLOC, VERBOSE, TIMEOUT,
     RUN_DIR, RUNS, HANG_TIMEOUT, CHECKPOINT, DEEPSPEED_CONFIG, MAX_STEPS, PROFILE_RANKS,
     PROFILER, PROFILE_SCHEDULE, TENSORBOARD, TRACK, MONITOR, MONITOR_INTERVAL, STEP_HOOKS,
-    WARM_CACHE, WARM_CACHE_GB, LOCAL_AGENT, START,
+    WARM_CACHE, WARM_CACHE_GB, LOCAL_AGENT, START, LINES_PREFIXED,
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 

@@ -82,6 +82,18 @@ class RunAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def unprefixed_tracebacks(environ: Mapping[str, str] | None = None) -> None:
+    """A rank's uncaught exception printed once prefixed, with the cause where the script
+    asks for a GPU the node lacks (:mod:`scalerun.runtime.excepthook`). Never raises."""
+    try:
+        from scalerun.runtime import excepthook
+
+        excepthook.install(os.environ if environ is None else environ)
+    except Exception as error:  # noqa: BLE001 - the user's script must start regardless
+        print(f"scalerun: tracebacks keep torch's own prefix ({type(error).__name__}: {error})",
+              file=sys.stderr, flush=True)
+
+
 def arm_after_torch(environ: Mapping[str, str] | None = None) -> None:
     """Arm the hooks when torch is imported (at once if it already is). Never raises."""
     if not wanted(environ):

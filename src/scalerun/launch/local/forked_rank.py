@@ -185,6 +185,7 @@ def _hooks(env: Mapping[str, str]) -> None:
     first = env.get("PYTHONPATH", "").split(os.pathsep)[0]
     if first and os.path.abspath(first) == str(autoarm.BOOT_DIR):
         autoarm.arm_after_torch(env)
+        autoarm.unprefixed_tracebacks(env)
 
 
 def _path(first: str, env: Mapping[str, str], starter_python_path: str) -> None:

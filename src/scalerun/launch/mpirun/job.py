@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from scalerun.errors import LaunchError
+from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan, RankVariable
 from scalerun.plan.request import LaunchRequest, SlurmOptions
 from scalerun.shell import ShellRef, Word, shell_quote
@@ -67,8 +68,11 @@ class MpirunJob:
 
     @property
     def env(self) -> tuple[RankVariable, ...]:
-        """The plan's variables, applied with their policies to mpirun's own environment."""
-        return self.plan.env
+        """The plan's variables, applied with their policies to mpirun's own environment;
+        with prefixed output, the ranks are told (their tracebacks then keep one prefix)."""
+        if not self.request.local.prefix_output:
+            return self.plan.env
+        return (*self.plan.env, RankVariable(variables.LINES_PREFIXED, "1", "[rankN]: prefix by the launcher"))
 
     @property
     def nproc(self) -> int:

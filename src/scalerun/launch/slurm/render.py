@@ -154,7 +154,7 @@ and programs that do not listen for it would die of it; scalerun ranks (and prog
 that do listen) install their own handler."""
 
 
-PREFIX_LINES = ("bash", "-c", f'p="{SRUN_PREFIX}"; exec "$@" > >(exec sed -u "s/^/$p/") '
+PREFIX_LINES = ("bash", "-c", f'p="{SRUN_PREFIX}"; export {variables.LINES_PREFIXED}=1; exec "$@" > >(exec sed -u "s/^/$p/") '
                 f'2> >(exec sed -u "s/^/$p/" >&2)', "prefix-lines")
 """Each task's stdout and stderr through ``sed``, which puts ``[rankN node]: `` in front of
 every line (issue 20, torch issue 75087): srun's ``--label`` says only the task number, and

@@ -11,6 +11,7 @@ try:
     from scalerun.runtime import autoarm
 
     autoarm.arm_after_torch()
+    autoarm.unprefixed_tracebacks()
     autoarm.hand_over()
 except Exception as error:  # noqa: BLE001 - the user's script must start regardless
     print(f"scalerun: no step log hooks in this process ({type(error).__name__}: {error})",
