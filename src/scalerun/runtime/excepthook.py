@@ -57,7 +57,10 @@ def install(environ: Mapping[str, str]) -> None:
     previous, prefixed = sys.excepthook, lines_prefixed(environ)
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        stream = _stream_torch_put_aside() if prefixed else None
+        try:
+            stream = _stream_torch_put_aside() if prefixed else None
+        except Exception:  # noqa: BLE001 - an odd frame: print where torch would
+            stream = None
         swapped = sys.stderr
         if stream is not None:
             sys.stderr = stream
@@ -81,7 +84,7 @@ start's, which trims the starter's frames from the traceback)."""
 def _stream_torch_put_aside() -> TextIO | None:
     """The stderr torch's wrapper saved before it swapped in its buffer, when that wrapper
     is among the callers; else None (print where ``sys.stderr`` points)."""
-    frame = sys._getframe(2)  # the caller of the hook
+    frame = sys._getframe(1).f_back  # the hook's caller: None when the interpreter called it
     for _ in range(CALLERS):
         if frame is None:
             return None
