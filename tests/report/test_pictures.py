@@ -131,3 +131,18 @@ def test_without_empty_columns(table, expected) -> None:
 ])
 def test_a_verdicts_severity_is_marked_for_the_stylesheet(line: str, html: str) -> None:
     assert html_line(line) == html
+
+
+def test_compute_without_measured_communication_is_drawn_as_not_separable() -> None:
+    """Issue 29: a loop scalerun does not own (plain DDP) waits for gloo's all-reduce inside
+    backward; its bar was drawn all green, as compute."""
+    from dataclasses import replace
+
+    from scalerun.report.charts import split_figure
+    from tests.report.cases import STEP, rank
+
+    measured, unmeasured = rank(0, steps=STEP), rank(1, steps=replace(STEP, comm_s=None))
+    figure = split_figure([measured, unmeasured])
+    labels = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert labels == ["data", "compute", "compute + comm (not separable)", "comm", "other"]
+    assert split_figure([measured]).axes[0].get_legend().get_texts()[1].get_text() == "compute"

@@ -29,6 +29,7 @@ from scalerun.report.series import (
     scalar_series,
     throughput,
 )
+from scalerun.report.steps import MIXED
 
 SCALARS = "run_scalars.png"
 THROUGHPUT = "run_throughput.png"
@@ -105,6 +106,19 @@ def throughput_figure(speed: Throughput, report: Report) -> Any:
     return figure
 
 
+MIXED_COLOUR = "tab:olive"
+"""compute + comm (not separable): neither compute's green nor communication's orange."""
+
+
+def _bars(ax: Any, positions: list[int], heights: list[float], bottom: list[float], chosen: list[bool],
+          colour: str, label: str, hatch: str | None = None) -> None:
+    """The bars of the ``chosen`` ranks only (a label in the legend only when there are some)."""
+    picked = [i for i, keep in enumerate(chosen) if keep]
+    if picked:
+        ax.bar([positions[i] for i in picked], [heights[i] for i in picked],
+               bottom=[bottom[i] for i in picked], color=colour, label=label, width=0.8, hatch=hatch)
+
+
 def split_figure(ranks: Sequence[RankReport]) -> Any:
     """Stacked bars of each rank's mean step: data, compute, communication, other (ms)."""
     width = min(16.0, max(6.0, 3.0 + 0.3 * len(ranks)))
@@ -114,7 +128,12 @@ def split_figure(ranks: Sequence[RankReport]) -> Any:
     bottom = [0.0] * len(ranks)
     for label, field, colour in PARTS:
         heights = [1000 * (getattr(r.steps, field) or 0.0) for r in ranks]
-        ax.bar(positions, heights, bottom=bottom, color=colour, label=label, width=0.8)
+        if field == "compute_s":  # where communication was not measured, it is inside: say so
+            mixed = [r.steps is not None and r.steps.comm_s is None for r in ranks]
+            _bars(ax, positions, heights, bottom, [not m for m in mixed], colour, label)
+            _bars(ax, positions, heights, bottom, mixed, MIXED_COLOUR, f"{MIXED} (not separable)", hatch="//")
+        else:
+            ax.bar(positions, heights, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     step = max(1, len(ranks) // LABELLED_RANKS)
     ax.set_xticks(positions[::step], [str(r.rank) for r in ranks][::step])

@@ -45,6 +45,10 @@ WARMUP_STEPS = 5
 study does; a log with fewer than twice as many steps keeps its second half."""
 
 Record = Mapping[str, Any]
+MIXED = "compute + comm"
+"""The name of compute where communication was not measured: the collectives ran inside
+forward and backward (DDP's all-reduce waits in backward, FSDP gathers in forward), so
+the time cannot be split, and it is never called compute alone (issue 29)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from scalerun.errors import ScalerunError
 from scalerun.report.build import build_report
 from scalerun.report.load import load_run
 from scalerun.report.model import Report
-from scalerun.report.steps import WARMUP_STEPS, RunSteps
+from scalerun.report.steps import MIXED, WARMUP_STEPS, RunSteps
 from scalerun.report.verdicts import gib, pct, seconds
 from scalerun.rundir import MONITOR, STEPS
 from scalerun.runtime import steplog_reader as keys
@@ -54,15 +54,22 @@ def steps_line(report: Report) -> str:
     return f"throughput: {rate} on {steps.world_size} rank(s); {split(steps, report.not_measured)}"
 
 
+def compute_part(steps: RunSteps) -> str:
+    """``compute 70 %``, or ``compute + comm 92 % (not separable)`` where no rank measured
+    its communication."""
+    share = pct(steps.share(steps.compute_s) or 0.0)
+    return f"compute {share}" if steps.comm_s is not None else f"{MIXED} {share} (not separable)"
+
+
 def split(steps: RunSteps, not_measured: Mapping[str, str] | None = None) -> str:
     """``step 215 ms: data 4 %, compute 70 %, comm 21 %, other 5 %``; for a loop scalerun
-    does not own, ``step 14 ms: compute 92 %, other 8 %; data wait, comm: not measured
-    (loop not owned by scalerun)`` (its data wait is inside other)."""
+    does not own, ``step 14 ms: compute + comm 92 % (not separable), other 8 %; data wait,
+    comm: not measured (loop not owned by scalerun)`` (its data wait is inside other)."""
     if not_measured:
         return unowned_split(steps, not_measured)
     comm = pct(steps.share(steps.comm_s) or 0.0) if steps.comm_s is not None else "not measured"
     return (f"step {seconds(steps.step_s)}: data {pct(steps.share(steps.data_s) or 0.0)}, "
-            f"compute {pct(steps.share(steps.compute_s) or 0.0)}, comm {comm}, "
+            f"{compute_part(steps)}, comm {comm}, "
             f"other {pct(steps.share(steps.other_s) or 0.0)}")
 
 
@@ -76,7 +83,7 @@ def unowned_split(steps: RunSteps, not_measured: Mapping[str, str]) -> str:
     parts = []
     if keys.DATA_S not in not_measured:
         parts.append(f"data {pct(steps.share(steps.data_s) or 0.0)}")
-    parts.append(f"compute {pct(steps.share(steps.compute_s) or 0.0)}")
+    parts.append(compute_part(steps))
     if steps.comm_s is not None:
         parts.append(f"comm {pct(steps.share(steps.comm_s) or 0.0)}")
     parts.append(f"other {pct(steps.share(steps.other_s) or 0.0)}")
