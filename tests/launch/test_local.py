@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -310,23 +311,47 @@ def free_port() -> int:
 def test_on_several_nodes_each_line_names_its_rank_and_node(tmp_path: Path) -> None:
     """Issue 20 (torch issue 75087): two nodes of one launch, each a ``scalerun launch
     --nnodes 2`` on this machine, named by the scheduler's variable as on SLURM (the short
-    name: the domain is cut). One node keeps torchrun's ``[rankN]:`` (the tests above)."""
+    name: the domain is cut). One node keeps torchrun's ``[rankN]:`` (the tests above).
+
+    Without ``--run-dir`` each node names a run directory of its own (issue 29): both
+    launchers say so as they start, and node 0's report says where ranks 2-3 went."""
     script = write(tmp_path, "hello.py", """
         import os
+        import torch
+        import torch.distributed as dist
         print("hello from", os.environ["RANK"], flush=True)
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+        dist.destroy_process_group()
     """)
     common = ["launch", "--no-monitor", "--nnodes", "2", "--nproc-per-node", "2",
               "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
+    # each "node" names its run directory under its own /tmp, as two machines would
     first = subprocess.Popen([*SCALERUN, *common, "--node-rank", "0", str(script)], text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**env, "SLURMD_NODENAME": "b1.cluster.example"})
-    second = run_cli(*common, "--node-rank", "1", str(script), SLURMD_NODENAME="b2")
+                             env={**env, "SLURMD_NODENAME": "b1.cluster.example",
+                                  "SCALERUN_RUNS": str(tmp_path / "b1")})
+    second = run_cli(*common, "--node-rank", "1", str(script), SLURMD_NODENAME="b2",
+                     SCALERUN_RUNS=str(tmp_path / "b2"))
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, err + second.stderr
     lines = sorted(line for line in (out + second.stdout).splitlines() if "hello from" in line)
     assert lines == ["[rank0 b1]: hello from 0", "[rank1 b1]: hello from 1",
                      "[rank2 b2]: hello from 2", "[rank3 b2]: hello from 3"]
+    for said in (err, second.stderr):
+        assert "--nnodes 2 without --run-dir: this node's ranks write to " in said, said
+    start = "scalerun launch: run directory "
+    (run_dir,) = [line.removeprefix(start) for line in err.splitlines() if line.startswith(start)]
+    report = run_cli("report", run_dir, "--json")
+    missing = [v for v in json.loads(report.stdout)["verdicts"] if v["topic"] == "missing-ranks"]
+    assert len(missing) == 1 and "ranks 2-3 of 4 wrote their steps elsewhere" in missing[0]["message"], (
+        missing, report.stdout[-3000:], err)
+    assert "same --run-dir" in missing[0]["fix"]
 
 
 @pytest.mark.parametrize(("node_rank", "saves"), [(0, True), (1, False)])

@@ -177,3 +177,18 @@ def test_a_slow_rank_must_also_cost_a_share_of_the_step(own, step_s, slow) -> No
     ranks = [rank(i, steps=replace(STEP, own_s=value, step_s=step_s, step_median_s=step_s))
              for i, value in enumerate(own)]
     assert [v.rank for v in rules.slow_ranks(ranks)] == slow
+
+
+@pytest.mark.parametrize(("run_info", "words"), [
+    ({"nnodes": 2, "node_rank": 0, "nproc_per_node": 2, "run_dir_given": False},
+     "ranks 2-3 of 4 wrote their steps elsewhere: each of the 2 nodes"),
+    ({"nnodes": 2, "node_rank": 0, "nproc_per_node": 2, "run_dir_given": True}, "ranks 2-3 of 4 wrote no step"),
+    ({"nnodes": 1, "nproc_per_node": 4}, "ranks 2-3 of 4 wrote no step"),
+    ({}, "ranks 2-3 of 4 wrote no step"),
+])
+def test_missing_ranks_of_another_nodes_own_run_directory(run_info, words) -> None:
+    """Issue 29: two local "nodes" (--nnodes 2) without --run-dir each wrote their own run
+    directory, and each report said the other node's ranks "wrote no step"."""
+    steps = replace(RUN, world_size=4, ranks_logged=2, missing_ranks=(2, 3))
+    (verdict,) = rules.missing_ranks(steps, run_info)
+    assert verdict.message.startswith(words), verdict.message

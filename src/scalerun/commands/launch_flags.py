@@ -407,7 +407,7 @@ def observe_from_args(args: argparse.Namespace, program: Program, on_slurm: bool
         name = (getattr(args, "job_name", None) if on_slurm else None) or Path(program.script).stem
         run_dir = rundir.default_run_dir(name or ("scalerun" if on_slurm else "run"))
     return ObserveRequest(
-        run_dir=run_dir, profile_ranks=getattr(args, "profile_ranks", None),
+        run_dir=run_dir, run_dir_given=bool(given_dir), profile_ranks=getattr(args, "profile_ranks", None),
         profiler=getattr(args, "profiler", "torch"), trackers=trackers_from_args(args),
         tensorboard=getattr(args, "tensorboard", None) or "rank0",
         monitor=not getattr(args, "no_monitor", False),

@@ -79,6 +79,9 @@ class ObserveRequest:
 
     run_dir: Path
     """Absolute: ranks on other nodes and in other folders must agree on it."""
+    run_dir_given: bool = True
+    """False: scalerun named it (``/tmp/runs/NAME-TIME``), on this machine only, so the
+    nodes of a local ``--nnodes N`` launch each write their own."""
     profile_ranks: str | None = None
     profiler: str = "torch"
     """``torch`` (inside the chosen ranks) or a command prefix (``nsys profile``)."""

@@ -45,7 +45,7 @@ def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
         run_dir=data.run_dir, run_info=data.run_info, warmup_steps=warmup_steps, ranks=ranks,
         nodes=tuple(nodes.values()), steps=steps, gpus=gpus,
         verdicts=tuple(find_verdicts(ranks, list(nodes.values()), steps, data.events,
-                                     {rank: log.meta for rank, log in data.ranks.items()})),
+                                     {rank: log.meta for rank, log in data.ranks.items()}, data.run_info)),
         notes=tuple(report_notes(data, ranks, stats, warmup_steps)), events=data.events,
         scalars=tuple(scalar_summaries(scalar_series(
             {rank: log.steps for rank, log in data.ranks.items()}, start))), start=start,

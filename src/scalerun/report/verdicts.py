@@ -66,12 +66,14 @@ MAX_PER_TOPIC = 3
 
 def find_verdicts(ranks: Sequence[RankReport], nodes: Sequence[NodeStats],
                   steps: RunSteps | None, events: Sequence[Event] = (),
-                  metas: Mapping[int, Mapping[str, Any]] | None = None) -> list[Verdict]:
-    """Every verdict of the run, worst first. ``metas``: each rank's step-log meta line."""
+                  metas: Mapping[int, Mapping[str, Any]] | None = None,
+                  run_info: Mapping[str, Any] | None = None) -> list[Verdict]:
+    """Every verdict of the run, worst first. ``metas``: each rank's step-log meta line;
+    ``run_info``: what the launcher recorded (``run.json``)."""
     found: list[Verdict] = event_verdicts(events, ranks)
     found += world_not_formed(metas or {}, steps.world_size if steps else None)
     if steps is not None:
-        found += missing_ranks(steps) + stopped_early(ranks, steps)
+        found += missing_ranks(steps, run_info) + stopped_early(ranks, steps)
     slow = slow_ranks(ranks)
     data = [v for v in (data_wait(r) for r in ranks) if v is not None]
     found += slow + data
@@ -169,15 +171,38 @@ def world_not_formed(metas: Mapping[int, Mapping[str, Any]], world_size: int | N
 # -- the steps ---------------------------------------------------------------------
 
 
-def missing_ranks(steps: RunSteps) -> list[Verdict]:
+def missing_ranks(steps: RunSteps, run_info: Mapping[str, Any] | None = None) -> list[Verdict]:
+    """Ranks that wrote no step here; where a local ``--nnodes N`` launch named a run
+    directory of its own on each node, the other nodes' ranks are there, not failed."""
     if not steps.missing_ranks:
         return []
+    elsewhere = _other_nodes_ranks(steps, run_info or {})
+    if elsewhere:
+        return [Verdict(
+            "missing-ranks", "warn",
+            f"ranks {spans(steps.missing_ranks)} of {steps.world_size} wrote their steps elsewhere: "
+            f"each of the {run_info and run_info.get('nnodes')} nodes of this --nnodes launch wrote a run "
+            "directory of its own (this one holds node "
+            f"{run_info and run_info.get('node_rank')}'s ranks)",
+            "give every node the same --run-dir on a shared file system: one report then covers "
+            "the whole job",
+            len(steps.missing_ranks) / steps.world_size)]
     return [Verdict(
         "missing-ranks", "warn",
         f"rank{'s' if len(steps.missing_ranks) > 1 else ''} {spans(steps.missing_ranks)} of "
         f"{steps.world_size} wrote no step",
         "they failed or never started: read the launcher's output and RUN_DIR/stacks/",
         len(steps.missing_ranks) / steps.world_size)]
+
+
+def _other_nodes_ranks(steps: RunSteps, run_info: Mapping[str, Any]) -> bool:
+    """The missing ranks are exactly the other nodes' of a local ``--nnodes`` launch whose
+    run directory scalerun named on each node (``run.json``)."""
+    nnodes, node, per_node = run_info.get("nnodes"), run_info.get("node_rank"), run_info.get("nproc_per_node")
+    if run_info.get("run_dir_given", True) or not all(isinstance(v, int) for v in (nnodes, node, per_node)):
+        return False
+    # the rendezvous may number the nodes' ranks in any order: count, do not place
+    return nnodes > 1 and steps.ranks_logged == per_node and len(steps.missing_ranks) == steps.world_size - per_node
 
 
 def stopped_early(ranks: Sequence[RankReport], steps: RunSteps) -> list[Verdict]:

@@ -77,8 +77,13 @@ def _observed(job: LocalJob) -> int:
     """The launch with its run directory, node sampler, straggler watch and closing summary."""
     observe, plan = job.observe, job.plan
     assert observe is not None
+    if plan.nodes > 1 and not observe.run_dir_given:
+        print(f"scalerun launch: --nnodes {plan.nodes} without --run-dir: this node's ranks write to "
+              f"{observe.run_dir}, on this machine only; for one report of the whole job give every "
+              "node the same --run-dir on a shared file system", file=sys.stderr, flush=True)
     return run_observed(observe, {"launcher": "local", "nproc_per_node": plan.procs_per_node,
-                                  "nnodes": plan.nodes, "script": plan.program.script,
+                                  "nnodes": plan.nodes, "node_rank": plan.request.local.node_rank,
+                                  "run_dir_given": observe.run_dir_given, "script": plan.program.script,
                                   "script_args": list(plan.program.args)},
                         os.environ, lambda: _run(job),
                         first_node=plan.request.local.node_rank == 0,
