@@ -132,3 +132,35 @@ def test_a_restarted_rank_numbers_on(tmp_path: Path) -> None:
     run_script(PLAIN, tmp_path)
     run_script(PLAIN, tmp_path)
     assert [s[keys.STEP] for s in step_lines(tmp_path)] == [1, 2, 3, 4, 5, 6]
+
+
+BOUNDLESS_DDP = """
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(100_000):  # a script that knows no step limit of scalerun's
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+print("the loop ran to its end")
+"""
+
+
+def test_the_step_limit_ends_a_loop_scalerun_does_not_own(tmp_path: Path) -> None:
+    """Issue 29: SCALERUN_MAX_STEPS (how tune and scaling bound a trial) stopped only
+    wrap(model, optimizer) loops; a plain DDP script ran all its steps. Every rank now
+    ends at step N, exit code 0, with its step log written."""
+    script = tmp_path / "boundless.py"
+    script.write_text(BOUNDLESS_DDP)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--no-monitor",
+                           "--run-dir", str(tmp_path / "run"), str(script)], capture_output=True, text=True,
+                          timeout=180, env={**env, variables.MAX_STEPS: "6", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the loop ran to its end" not in done.stdout and "Traceback" not in done.stderr, done.stderr[-3000:]
+    for rank in (0, 1):
+        lines = [json.loads(line) for line in step_log_path(tmp_path / "run", rank).read_text().splitlines()]
+        assert [line[keys.STEP] for line in lines if line[keys.KIND] == keys.STEP_KIND] == [1, 2, 3, 4, 5, 6]
+        assert lines[-1][keys.KIND] == keys.END_KIND

@@ -69,9 +69,19 @@ class LoopHooks:
         self.forward_open = False
         self.backward_open = False
         self.off = False
+        self.max_steps: int | None = None
+        """``SCALERUN_MAX_STEPS``: the rank ends cleanly after this many steps, whoever owns
+        the loop (``scalerun tune`` and ``scaling`` bound their runs so; issue 29)."""
 
     # -- installing --------------------------------------------------------------------
     def install(self) -> None:
+        from scalerun.errors import ScalerunError
+        from scalerun.runtime.observe import max_steps
+
+        try:
+            self.max_steps = max_steps()
+        except ScalerunError as error:
+            print(f"scalerun: {error}; the run is not bounded", file=sys.stderr, flush=True)
         self.handles = [torch_optimizer.register_optimizer_step_pre_hook(self.before_step),
                         torch_optimizer.register_optimizer_step_post_hook(self.after_step)]
         self.global_module_handles = [
@@ -166,6 +176,20 @@ class LoopHooks:
                     self.hand_over_to_roots()
         except Exception as error:  # noqa: BLE001
             self.fail(error)
+            return
+        if self.max_steps and self.steps >= self.max_steps and not self.stepping:
+            self.stop_after_last_step()
+
+    def stop_after_last_step(self) -> None:
+        """The bounded run ends here, on every rank at the same step (they step together):
+        the step log is written, the process group left, and the rank exits 0 out of the
+        user's ``optimizer.step()``, as ``wrap()`` ends its loop."""
+        from scalerun.runtime.steplog import close_log
+
+        close_log()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        raise SystemExit(0)
 
     # -- modules -----------------------------------------------------------------------
     def global_before_forward(self, module: torch.nn.Module, args: Any) -> None:
