@@ -498,3 +498,23 @@ def test_a_long_wait_for_every_job_still_leaves_room_for_a_second_configuration(
     output = tune(request(budget_s=180), tmp_path, Queued(clock, [30.0], 180), Quiet(), clock=clock)
     assert len([r for r in output.result.trials if r.ok]) == 2 and output.validation.ratio is not None
     assert clock.now <= 180 * 1.10
+
+
+def test_the_advice_never_names_what_the_planner_sets_by_itself() -> None:
+    """Issue 29: "To make it the default: --knob threads=1 --knob loader_workers=0" were the
+    threads and workers the planner gives that rank count anyway."""
+    from scalerun.plan.knobs import Knobs
+    from scalerun.tune.tuner import snippet
+
+    threads, workers = planned_share(8, 2, on_gpu=False)
+    planned = Candidate(ranks=2, knobs=Knobs(threads=threads, loader_workers=workers), planned_share=True)
+    assert snippet(planned) == ["on the command line: --nproc-per-node 2 (the planner gives those ranks their "
+                                "threads and loader workers by itself: no knob to set)"]
+    bf16 = Candidate(ranks=2, knobs=Knobs(threads=threads, loader_workers=workers, precision="bf16"),
+                     planned_share=True)
+    assert snippet(bf16)[0] == "on the command line: --nproc-per-node 2 --knob precision=bf16"
+    other = Candidate(ranks=2, knobs=Knobs(threads=1, loader_workers=0), planned_share=False)
+    assert snippet(other)[0] == "on the command line: --nproc-per-node 2 --knob threads=1 --knob loader_workers=0"
+    default = Candidate(ranks=1, knobs=Knobs(threads=threads, loader_workers=workers), default=True,
+                        planned_share=True)
+    assert snippet(default) == ["the defaults won: nothing to set"]

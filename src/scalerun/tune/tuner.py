@@ -12,7 +12,7 @@ words) and ``OUT/tune.md``.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +198,17 @@ def tune(request: TuneRequest, out_dir: Path, run_trial: RunTrial, progress: Pro
 
 
 def snippet(candidate: Candidate) -> list[str]:
-    """How to make ``candidate`` the default: launch flags, the variable, or a site profile."""
+    """How to make ``candidate`` the default: launch flags, the variable, or a site profile.
+    Threads and loader workers that the planner gives that rank count by itself are not
+    advised: setting them changes nothing (issue 29)."""
     knobs = Knobs() if candidate.default else candidate.knobs
-    if not knobs:
+    if candidate.planned_share:
+        knobs = replace(knobs, threads=None, loader_workers=None)
+    if not knobs and candidate.default:
         return ["the defaults won: nothing to set"]
+    if not knobs:
+        return [f"on the command line: --nproc-per-node {candidate.ranks} (the planner gives those ranks "
+                "their threads and loader workers by itself: no knob to set)"]
     text = knobs_text(knobs)
     return [f"on the command line: --nproc-per-node {candidate.ranks} "
             + " ".join(f"--knob {part}" for part in text.split(",")),
