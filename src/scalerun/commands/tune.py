@@ -43,8 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "{per_rank_batch}, DDP buckets; precision and torch.compile on GPUs), drop the slower "
             "half after each round (successive halving) within --budget, check the winner against "
             "the defaults in alternating runs, and print the ranked table and the scalerun launch "
-            f"command of the winner. The script must stop after {variables.MAX_STEPS} steps, as "
-            "scalerun.wrap() loops do. Rerun with the same --out to reuse finished trials."
+            f"command of the winner. Each trial ends after {variables.MAX_STEPS} steps, whoever "
+            "owns the loop (scalerun's step hooks end it). Rerun with the same --out to reuse "
+            "finished trials."
         ),
     )
     p.add_argument("--nproc-per-node", type=int, metavar="N",
