@@ -14,7 +14,7 @@ from scalerun.report.gpus import (
     power_counted,
     window_values,
 )
-from scalerun.report.steps import own_time, rank_steps, run_steps, warmup_for
+from scalerun.report.steps import own_spread, own_time, rank_steps, run_steps, warmup_for
 from tests.report.cases import GPU, NODE
 
 
@@ -127,3 +127,9 @@ def test_the_gpu_of_a_rank(meta, local, on_node, expected) -> None:
     gpu, how = gpu_of_rank(meta, local, NODE, on_node)
     assert (gpu.index if gpu else None, how) == expected
     assert gpu in (GPU, None)
+
+
+def test_the_spread_of_own_time_is_its_interquartile_range() -> None:
+    steps = [{**step(n, comm=None), "fwd_s": 0.05 + 0.01 * (n % 4)} for n in range(20)]
+    assert own_spread(steps) == pytest.approx(0.025)  # own 60-90 ms, 5 steps each: quartiles 62.5 and 87.5
+    assert own_spread(steps[:3]) == 0.0  # too few steps to say

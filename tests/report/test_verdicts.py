@@ -192,3 +192,16 @@ def test_missing_ranks_of_another_nodes_own_run_directory(run_info, words) -> No
     steps = replace(RUN, world_size=4, ranks_logged=2, missing_ranks=(2, 3))
     (verdict,) = rules.missing_ranks(steps, run_info)
     assert verdict.message.startswith(words), verdict.message
+
+
+@pytest.mark.parametrize(("spread", "slow"), [
+    (0.001, [1]),  # steady ranks: 4 ms of 20 stands out
+    (0.006, []),  # ranks whose own work varies by 6 ms a step (shared cores): 4 ms is scheduling
+])
+def test_a_slow_rank_must_stand_out_of_the_step_to_step_spread(spread, slow) -> None:
+    """benchmarks/false_verdicts.py: the example on 2-4 CPU ranks of a 2-core machine, no
+    rank slowed, got 'rank 3 is 46 % slower' in 21 of 20x4 launches (medians differing by
+    scheduling alone, with a spread of their own as large)."""
+    ranks = [rank(i, steps=replace(STEP, own_s=value, step_s=0.03, step_median_s=0.03, own_spread_s=spread))
+             for i, value in enumerate((0.020, 0.024, 0.020))]
+    assert [v.rank for v in rules.slow_ranks(ranks)] == slow

@@ -77,6 +77,9 @@ class StepStats:
     """Steady samples over the steady wall span; None when no sample was counted."""
     window: tuple[float, float] | None
     """Unix times from the start of the first steady step to the end of the last."""
+    own_spread_s: float = 0.0
+    """How much the rank's own time varies from step to step: the interquartile range over
+    the steady steps (a rank on cores other processes share varies by a third or more)."""
 
 
 def warmup_for(count: int, wanted: int) -> int:
@@ -101,18 +104,33 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
         step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
         comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=own, own_basis=basis,
+        own_spread_s=own_spread(steady),
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
         window=(end - span, end))
 
 
-def own_time(records: Sequence[Record]) -> tuple[float, str]:
-    """Median seconds of a rank's own work per step, and what it adds up."""
+def own_times(records: Sequence[Record]) -> tuple[list[float], str]:
+    """Seconds of a rank's own work in each step, and what they add up."""
     if any(json_number(r.get(keys.COMM_S)) is not None for r in records):
         own = [seconds_of(r, keys.WORK_KEYS) - (json_number(r.get(keys.COMM_S)) or 0.0)
                for r in records]
-        return _median([max(0.0, value) for value in own]), "compute"
-    own = [seconds_of(r, (keys.FWD_S, keys.OPT_S)) for r in records]
-    return _median(own), "forward + optimizer"
+        return [max(0.0, value) for value in own], "compute"
+    return [seconds_of(r, (keys.FWD_S, keys.OPT_S)) for r in records], "forward + optimizer"
+
+
+def own_time(records: Sequence[Record]) -> tuple[float, str]:
+    """Median seconds of a rank's own work per step, and what it adds up."""
+    own, basis = own_times(records)
+    return _median(own), basis
+
+
+def own_spread(records: Sequence[Record]) -> float:
+    """The interquartile range of the rank's own seconds per step (0 under 4 steps)."""
+    own, _ = own_times(records)
+    if len(own) < 4:
+        return 0.0
+    first, _, third = statistics.quantiles(own, n=4)
+    return max(0.0, third - first)
 
 
 @dataclass(frozen=True)

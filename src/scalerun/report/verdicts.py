@@ -37,6 +37,12 @@ kernels are too small or the host launches them too slowly."""
 SLOW_RANK_SHARE = 0.10
 """A rank whose own work takes 10 % longer than the others' median holds every
 all-reduce back by that much; steady-state medians of healthy ranks differ by 1-3 %."""
+SLOW_RANK_NOISE = 1.0
+"""...and by more than the others' step-to-step spread of their own work (its
+interquartile range, the median over the other ranks): where a node's cores are shared
+(CPU ranks beside other processes, more ranks than cores) a rank's medians differ by
+10-40 % from scheduling alone, run to run and rank to rank (benchmarks/false_verdicts.py);
+a rank slow in every step stands out by more than that spread."""
 SLOW_RANK_STEP_SHARE = 0.05
 """...and only when the difference is 5 % of the step or more: a rank 44 % slower in
 0.3 ms of forward in a 12 ms step holds the step back by 1 %, which a loaded node's
@@ -227,17 +233,19 @@ def stopped_early(ranks: Sequence[RankReport], steps: RunSteps) -> list[Verdict]
 def slow_ranks(ranks: Sequence[RankReport]) -> list[Verdict]:
     """Ranks whose own work per step (a median over the steady steps) is
     :data:`SLOW_RANK_SHARE` over the others' median, by :data:`SLOW_RANK_STEP_SHARE` of
-    the step or more."""
+    the step or more, and by more than the others' step-to-step spread."""
     own = {r.rank: r.steps.own_s for r in ranks if r.steps is not None and r.steps.own_s > 0}
     if len(own) < 2:
         return []
+    spread = {r.rank: r.steps.own_spread_s for r in ranks if r.rank in own and r.steps is not None}
     found = []
     for report in (r for r in ranks if r.rank in own):
         assert report.steps is not None
         others = statistics.median(value for rank, value in own.items() if rank != report.rank)
         gap = own[report.rank] - others
         step = report.steps.step_median_s or report.steps.step_s
-        if gap >= SLOW_RANK_SHARE * others and gap >= SLOW_RANK_STEP_SHARE * step:
+        noise = statistics.median(spread[rank] for rank in own if rank != report.rank)
+        if gap >= SLOW_RANK_SHARE * others and gap >= SLOW_RANK_STEP_SHARE * step and gap > SLOW_RANK_NOISE * noise:
             found.append(slow_rank(report, others))
     return found
 
