@@ -80,6 +80,7 @@ bench: $(VENV)/.installed $(VENV)/.extras
 	$(PY) benchmarks/memory.py
 	$(PY) benchmarks/tune.py
 	$(PY) benchmarks/output_memory.py
+	$(PY) benchmarks/false_verdicts.py
 
 # A real SLURM cluster on this machine (root; installs slurm-wlm when missing). Its
 # clients need: export SLURM_CONF=/tmp/scalerun-slurm/etc/slurm.conf

@@ -39,6 +39,7 @@ CASES = [
     ("straggler", 120, ["rule us/step", "watch us/rank-step", "of a 100 ms step"]),
     ("loophooks", 240, ["hooks' work per step", "small loop with / without hooks"]),
     ("output_memory", 120, ["launcher peak RSS", "20 MB without a newline"]),
+    ("false_verdicts", 180, ["false slow-rank verdicts", "ddp-tutorial"]),
 ]
 
 
