@@ -60,22 +60,29 @@ SCRIPT = """
 """
 
 
-def test_rare_slow_steps_name_nobody_and_a_rank_slow_in_every_step_is_named(tmp_path: Path) -> None:
-    script = tmp_path / "ddp_tutorial_shape.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+def launch_and_report(tmp_path: Path, name: str, code: str, ranks: int) -> tuple[str, list[dict]]:
+    """Launch ``code`` on ``ranks`` local ranks (it must succeed): its stderr and the
+    verdicts of ``scalerun report --json`` on its run directory."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(code))
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "3", "--no-monitor",
-                           "--run-dir", str(run), str(script)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", str(ranks),
+                           "--no-monitor", "--run-dir", str(run), str(script)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    # DDP's all-reduce waits inside backward, unmeasured in a loop scalerun does not own:
-    # never called compute (issue 29, item 4)
-    (throughput,) = [line for line in done.stderr.splitlines() if "throughput:" in line]
-    assert "compute + comm" in throughput and "(not separable)" in throughput, throughput
-    assert " compute " not in throughput.replace("compute + comm", ""), throughput
     report = subprocess.run([sys.executable, "-m", "scalerun", "report", str(run), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    verdicts = json.loads(report.stdout)["verdicts"]
+    return done.stderr, json.loads(report.stdout)["verdicts"]
+
+
+def test_rare_slow_steps_name_nobody_and_a_rank_slow_in_every_step_is_named(tmp_path: Path) -> None:
+    stderr, verdicts = launch_and_report(tmp_path, "ddp_tutorial_shape.py", SCRIPT, 3)
+    # DDP's all-reduce waits inside backward, unmeasured in a loop scalerun does not own:
+    # never called compute (issue 29, item 4)
+    (throughput,) = [line for line in stderr.splitlines() if "throughput:" in line]
+    assert "compute + comm" in throughput and "(not separable)" in throughput, throughput
+    assert " compute " not in throughput.replace("compute + comm", ""), throughput
     slow = [(v["rank"], v["message"]) for v in verdicts if v["topic"] == "slow-rank"]
     assert [rank for rank, _ in slow] == [2], slow
     assert not [v for v in verdicts if v["topic"] == "one-world"]  # one world of 3: nothing to say
@@ -94,15 +101,8 @@ ALONE = """
 
 
 def test_ranks_that_never_form_one_world_are_said_first(tmp_path: Path) -> None:
-    script = tmp_path / "no_process_group.py"
-    script.write_text(textwrap.dedent(ALONE))
-    run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--no-monitor",
-                           "--run-dir", str(run), str(script)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    said = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
-    assert said and "the 2 ranks never formed one world" in said[0], done.stderr
-    report = subprocess.run([sys.executable, "-m", "scalerun", "report", str(run), "--json"],
-                            capture_output=True, text=True, timeout=120)
-    first = json.loads(report.stdout)["verdicts"][0]
+    stderr, verdicts = launch_and_report(tmp_path, "no_process_group.py", ALONE, 2)
+    said = [line for line in stderr.splitlines() if line.startswith("scalerun launch: verdict:")]
+    assert said and "the 2 ranks never formed one world" in said[0], stderr
+    first = verdicts[0]
     assert first["topic"] == "one-world" and "copies of one run" in first["message"], first

@@ -101,6 +101,11 @@ ALL = (
 )
 """Every variable above, for ``scalerun env`` and the tests."""
 
+TORCH_PREFIX_TEMPLATE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+"""torch elastic's own name (not scalerun's): the prefix template of each line a rank
+prints; local launches give it to their ranks, so where it is set the launcher prefixes
+the lines (the runtime reads it to leave torch's own traceback prefix out)."""
+
 STORE_FD = "SCALERUN_STORE_FD"
 """Set by the launcher, never by a user: the number of an inherited socket, bound to
 ``MASTER_ADDR:MASTER_PORT``, that rank 0 serves the rendezvous store on. A one-node launch

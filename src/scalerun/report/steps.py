@@ -12,8 +12,9 @@ Two numbers are the report's own:
 
 - a rank's *own time* (:attr:`StepStats.own_s`): the time it works on its own, without
   waiting for the others, the median of its steady steps (a mean follows the few steps
-  a garbage collection or the scheduler stretched, and names a healthy rank slow). In a data-parallel step every rank ends together, so ``dt``
-  cannot tell a slow rank; its compute (communication taken out) can. When the step log
+  a garbage collection or the scheduler stretched, and names a healthy rank slow). In a
+  data-parallel step every rank ends together, so ``dt`` cannot tell a slow rank; its
+  compute (communication taken out) can. When the step log
   has no communication time, the forward pass and the optimizer are used, which hold no
   collective under DDP.
 - the run's *transfer* and *wait*: communication as measured includes waiting for the
@@ -96,15 +97,15 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
     parts = step_parts(steady)
     samples = step_samples(steady)
     span = rank_span(list(records), warmup)
-    own, basis = own_time(steady)
+    own_values, basis = own_times(steady)
     end = float(records[-1][keys.T])
     return StepStats(
         steps=len(records), last_step=step_number(records[-1].get(keys.STEP)), warmup_steps=warmup,
         steady_steps=len(steady), step_s=parts["step_s"] or 0.0,
         step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
-        comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=own, own_basis=basis,
-        own_spread_s=own_spread(steady),
+        comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=_median(own_values),
+        own_basis=basis, own_spread_s=interquartile(own_values),
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
         window=(end - span, end))
 
@@ -126,10 +127,14 @@ def own_time(records: Sequence[Record]) -> tuple[float, str]:
 
 def own_spread(records: Sequence[Record]) -> float:
     """The interquartile range of the rank's own seconds per step (0 under 4 steps)."""
-    own, _ = own_times(records)
-    if len(own) < 4:
+    return interquartile(own_times(records)[0])
+
+
+def interquartile(values: Sequence[float]) -> float:
+    """The third quartile less the first; 0 under 4 values (too few to say)."""
+    if len(values) < 4:
         return 0.0
-    first, _, third = statistics.quantiles(own, n=4)
+    first, _, third = statistics.quantiles(values, n=4)
     return max(0.0, third - first)
 
 

@@ -188,14 +188,13 @@ def missing_ranks(steps: RunSteps, run_info: Mapping[str, Any] | None = None) ->
     directory of its own on each node, the other nodes' ranks are there, not failed."""
     if not steps.missing_ranks:
         return []
-    elsewhere = _other_nodes_ranks(steps, run_info or {})
-    if elsewhere:
+    info = run_info or {}
+    if _other_nodes_ranks(steps, info):
         return [Verdict(
             "missing-ranks", "warn",
             f"ranks {spans(steps.missing_ranks)} of {steps.world_size} wrote their steps elsewhere: "
-            f"each of the {run_info and run_info.get('nnodes')} nodes of this --nnodes launch wrote a run "
-            "directory of its own (this one holds node "
-            f"{run_info and run_info.get('node_rank')}'s ranks)",
+            f"each of the {info['nnodes']} nodes of this --nnodes launch wrote a run directory of "
+            f"its own (this one holds node {info['node_rank']}'s ranks)",
             "give every node the same --run-dir on a shared file system: one report then covers "
             "the whole job",
             len(steps.missing_ranks) / steps.world_size)]

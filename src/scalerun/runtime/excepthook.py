@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO
 
 from scalerun.plan import variables
 
-TEMPLATE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-"""torch elastic's prefix template: where it is set, the launcher prefixes each line."""
 TORCH_WRAPPER = "_distributed_excepthook"
 """The name of the function ``init_process_group`` puts around ``sys.excepthook``."""
 NO_GPU_WORDS = (
@@ -42,12 +40,10 @@ NO_GPU_WORDS = (
 )
 """torch's words for a GPU that is not there (CUDA and ROCm builds alike)."""
 
-Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
-
 
 def lines_prefixed(environ: Mapping[str, str]) -> bool:
     """The launcher puts a prefix in front of each of this rank's lines."""
-    return bool(environ.get(TEMPLATE)) or environ.get(variables.LINES_PREFIXED) == "1"
+    return bool(environ.get(variables.TORCH_PREFIX_TEMPLATE)) or environ.get(variables.LINES_PREFIXED) == "1"
 
 
 def install(environ: Mapping[str, str]) -> None:

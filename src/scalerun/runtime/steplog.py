@@ -206,21 +206,22 @@ class StepLog:
                 return
         for record in reversed(self._ready):
             if record[keys.STEP] == self._last_step:
-                record[keys.SCALARS].update({name: as_number(value) for name, value in self._late.items()})
-                self._late = {}
+                record[keys.SCALARS].update(self._late_numbers())
                 return
+
+    def _late_numbers(self) -> dict[str, Any]:
+        """The late scalars as numbers, handed over once."""
+        late, self._late = self._late, {}
+        return {name: as_number(value) for name, value in late.items()}
 
     def _late_record(self) -> list[dict[str, Any]]:
         """Late scalars of a step already written: its record again, with them (the reader
-        keeps a step's last record, so the step is counted once)."""
-        self._attach_late()
+        keeps a step's last record, so the step is counted once); called after
+        :meth:`_attach_late` found the step nowhere unwritten."""
         written = self._written
         if not self._late or written is None or written[keys.STEP] != self._last_step:
             return []
-        record = {**written, keys.SCALARS: {**written[keys.SCALARS],
-                                            **{name: as_number(value) for name, value in self._late.items()}}}
-        self._late = {}
-        return [record]
+        return [{**written, keys.SCALARS: {**written[keys.SCALARS], **self._late_numbers()}}]
 
     # -- writing -------------------------------------------------------------------
     def _resolve(self, everything: bool = False) -> None:
@@ -273,7 +274,7 @@ class StepLog:
         self._ready = []
         if records:
             self._compute_dt(records)
-        records += self._late_record() if not records else []
+        records += self._late_record()
         if records:
             self._written = records[-1]
         if not self._meta_written and self.loop is not None:

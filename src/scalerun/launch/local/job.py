@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from scalerun.errors import LaunchError
 from scalerun.launch.prefix import elastic_template
+from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
 from scalerun.plan.request import LocalOptions, ObserveRequest
 
-PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+PREFIX_VARIABLE = variables.TORCH_PREFIX_TEMPLATE
 
 
 @dataclass(frozen=True, kw_only=True)
