@@ -51,6 +51,7 @@ SEEN = """
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "cuda_initialized": torch.cuda.is_initialized(),
             "sid_is_pid": os.getsid(0) == os.getpid(), "parent": os.getppid(),
             "main_module": sys.modules["__main__"].__dict__ is globals(),
+            "dynamo": "torch._" + "dynamo" in sys.modules,  # spelled apart, or the starter would preload it
         }), flush=True)
         dist.destroy_process_group()
 """
@@ -129,13 +130,14 @@ def test_forked_ranks_see_what_a_fresh_interpreter_shows(ranks_seen: dict) -> No
     (_, warm_run), (_, exec_run) = ranks_seen["warm"], ranks_seen["exec"]
     assert sorted(warm_run["ranks"]) == [0, 1]
     same = ("sum", "name", "argv", "file", "path0", "in_path", "pickled", "spawned", "threads", "omp",
-            "cpus", "visible", "cuda_initialized", "sid_is_pid", "main_module")
+            "cpus", "visible", "cuda_initialized", "sid_is_pid", "main_module", "dynamo")
     for rank in (0, 1):
         forked, fresh = warm_run["ranks"][rank], exec_run["ranks"][rank]
         assert {key: forked[key] for key in same} == {key: fresh[key] for key in same}
     forked = warm_run["ranks"][0]
     assert forked["argv"] == [str(warm_run["script"]), "a b", "--flag"] and forked["name"] == "__main__"
     assert forked["pickled"] == "__main__" and forked["spawned"] == [9] and forked["sum"] == 3.0
+    assert forked["dynamo"] is False  # a script that builds no DDP: the starter spared its import
     assert forked["path0"] == str(warm_run["script"].parent) and forked["in_path"] and forked["main_module"]
 
 
@@ -148,8 +150,23 @@ def test_forked_ranks_draw_different_random_numbers(ranks_seen: dict) -> None:
             assert ranks[0][source] != ranks[1][source], (mode, source)
 
 
+def test_ranks_of_a_script_that_builds_ddp_find_its_imports_preloaded(tmp_path: Path) -> None:
+    """DDP imports torch._dynamo and sympy (1.3-2 s of CPU a rank): where the script names
+    DDP and the starter forks two ranks, it imported them once for both, before the fork;
+    a script that builds none does not get them (``dynamo`` in the launch above)."""
+    script = write(tmp_path, "ddp.py", """
+        import sys
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        print("PRELOADED", "torch._dynamo" in sys.modules, "sympy" in sys.modules, flush=True)
+    """)
+    result = launch("--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("PRELOADED True True") == 2, result.stdout
+
+
 def test_the_ranks_are_forked_by_one_starter_that_never_touched_a_gpu(ranks_seen: dict) -> None:
-    """The starter imported torch, torch._dynamo and scalerun's modules; nothing in it asked
+    """The starter imported torch and scalerun's modules; nothing in it asked
     for a GPU (a CUDA driver opened before fork is unusable in every rank). The tripwire
     records each such call by pid; the ranks' own calls (torch.cuda.is_initialized is not
     one) may come, the starter's may not."""
@@ -290,6 +307,29 @@ def test_reading_a_rank_command() -> None:
     assert "does not take" in str(warm.python_program(["python", "-X", "importtime", "t.py"]))
     behind_exec = warm.python_program(["python", "-m", "scalerun", "exec", "--bind", "--", "nsys", "python", "t.py"])
     assert behind_exec == "each rank starts behind scalerun exec (a command-line profiler goes in front of it)"
+
+
+@pytest.mark.parametrize(("entry", "text", "forks", "preloaded"), [
+    ("file", "from torch.nn.parallel import DistributedDataParallel as DDP\n", 2, True),
+    ("file", "model = scalerun.wrap(model)\n", 4, True),
+    ("file", "import lightning as L\n", 2, True),
+    ("file", "model = torch.compile(model)\n", 2, True),
+    ("file", "import torch.distributed as dist\ndist.all_reduce(t)\n", 8, False),
+    ("file", "from torch.nn.parallel import DistributedDataParallel\n", 1, False),  # one rank shares nothing
+    ("code", "import torch; torch.nn.parallel.DistributedDataParallel", 2, True),
+    ("code", "from scalerun.commands.rank_doctor import main", 2, False),
+    ("module", "", 2, True),  # not read: finding its file would import its package here
+    ("missing", "", 2, True),  # unreadable: as before, preloaded
+])
+def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_build_ddp(
+        tmp_path: Path, entry: str, text: str, forks: int, preloaded: bool) -> None:
+    target = text
+    if entry in ("file", "missing"):
+        target = str(tmp_path / "train.py")
+        if entry == "file":
+            Path(target).write_text(text)
+    program = warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
+    assert warm.shared_modules(program, forks) == (warm.DDP_MODULES if preloaded else ())
 
 
 def test_a_zipapp_runs_as_python_runs_it(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def _run_agent(job: LocalJob) -> tuple[int, str | None]:
     # or the warm starter's child does (restarts are forked from the same starter)
     plain = job.direct_argv is not None
     starter = direct.warm_starter(job.plan.request.local, rank_command(job.plan, agent_binds=plain),
-                                  here=True)
+                                  job.nproc_per_node * (1 + job.max_restarts), here=True)
     try:
         with start.ranks_ending_with_agent(starter, child_binds=plain and starter is not None) as hooked:
             if not hooked and starter is not None:  # this torch starts ranks another way: no warm start

@@ -288,7 +288,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     port = int(held.getsockname()[1])
     template = os.environ.get(PREFIX_VARIABLE)
     ranks, output = Ranks(), Output()
-    starter = warm_starter(options, command)
+    starter = warm_starter(options, command, nproc)
     with forwarding(ranks), contextlib.closing(held):
         if starter is not None:  # a signal while torch imports ends the launch here
             try:
@@ -337,10 +337,13 @@ def run(job: LocalJob) -> tuple[int, str | None]:
     return 0, None
 
 
-def warm_starter(options: LocalOptions, command: list[str], *, here: bool = False) -> warm.Starter | None:
+def warm_starter(options: LocalOptions, command: list[str], forks: int, *,
+                 here: bool = False) -> warm.Starter | None:
     """The node's starter, already importing, where the ranks can start warm; else None,
-    with one line saying why (:mod:`.warm`). ``here``: a process that imported torch
-    already (torch elastic's agent) forks it where it can (:class:`.warm.Starter`)."""
+    with one line saying why (:mod:`.warm`). ``forks``: how many ranks it may fork
+    (restarts included), which decides what it preloads (:func:`.warm.shared_modules`).
+    ``here``: a process that imported torch already (torch elastic's agent) forks it
+    where it can (:class:`.warm.Starter`)."""
     if options.start != "warm":
         return None  # asked for: nothing to say
     program = warm.python_program(command)
@@ -353,7 +356,8 @@ def warm_starter(options: LocalOptions, command: list[str], *, here: bool = Fals
 
         fork = starter.fork_here
     try:
-        return warm.Starter(program.python, options.preload, os.environ, fork_here=fork)
+        return warm.Starter(program.python, options.preload, os.environ,
+                            also=warm.shared_modules(program, forks), fork_here=fork)
     except warm.Fallback as fallback:
         warm.say(str(fallback))
         return None

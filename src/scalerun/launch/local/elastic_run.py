@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     command = [args.training_script, *args.training_script_args] if args.no_python else [
         sys.executable, "-u", *(["-m"] if args.module else []), args.training_script]
     # forked from this process, which imported torch for the agent: one import per node
-    starter = warm_starter(LocalOptions(start="warm", preload=preload), command, here=True)
+    starter = warm_starter(LocalOptions(start="warm", preload=preload), command, forks(args), here=True)
     try:
         with start.ranks_ending_with_agent(starter, child_binds=binds) as hooked:
             if binds and not hooked:  # this torch starts ranks some other way: exec binds them
@@ -61,6 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if starter is not None:
             starter.close()
+
+
+def forks(args: object) -> int:
+    """How many ranks this node's starter may fork: torchrun's ``--nproc-per-node`` (many
+    where it is a word such as ``gpu``) times one plus its restarts."""
+    count = str(getattr(args, "nproc_per_node", "1"))
+    return (int(count) if count.isdigit() else 2) * (1 + int(getattr(args, "max_restarts", 0) or 0))
 
 
 def with_exec_bind(rest: list[str], args: object) -> list[str]:

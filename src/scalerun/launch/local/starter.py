@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scalerun.launch.local import wire
@@ -38,7 +39,6 @@ DEFAULT_PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.nn.parallel",
-    "torch._dynamo",  # DistributedDataParallel.__init__ imports it (and sympy)
     "torch.utils.data",
     "scalerun",
     "scalerun.runtime.init",
@@ -48,13 +48,19 @@ DEFAULT_PRELOAD = (
     "scalerun.launch.local.start",
     "scalerun.launch.local.forked_rank",
 )
-"""What every rank of a training job imports before its first step."""
+"""What every rank of a training job imports before its first step. What a DDP rank
+imports on top (``torch._dynamo``) is preloaded only where the launcher asks for it
+(:func:`.warm.shared_modules`): 1.3 s of CPU in a starter whose ranks never build DDP."""
 
 
-def preload(modules: list[str]) -> str | None:
-    """Import the defaults, then ``modules`` (the user's), in order: None, or one line
-    naming the first that failed."""
-    for name in [*DEFAULT_PRELOAD, *modules]:
+ALSO = "--also="
+"""The starter's word for a module scalerun asks it to preload (:func:`.warm.shared_modules`)."""
+
+
+def preload(modules: list[str], also: Sequence[str] = ()) -> str | None:
+    """Import the defaults, then ``also`` (scalerun's choice for this launch), then
+    ``modules`` (the user's), in order: None, or one line naming the first that failed."""
+    for name in [*DEFAULT_PRELOAD, *also, *modules]:
         try:
             importlib.import_module(name)
         except BaseException as error:  # noqa: BLE001 - SystemExit from a module too
@@ -187,11 +193,13 @@ def tell(control: socket.socket, line: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m scalerun.launch.local.starter [MODULE ...]``: preload, tell, serve; a
+    """``python -m scalerun.launch.local.starter [--also=MODULE ...] [MODULE ...]``: preload
+    (``--also``: scalerun's choice, the rest the user's ``--preload``), tell, serve; a
     forked child goes on to become its rank, and returns only as the rank's program ends."""
     args = sys.argv[1:] if argv is None else argv
+    also = [word.split("=", 1)[1] for word in args if word.startswith(ALSO)]
     control = socket.socket(fileno=int(os.environ.pop(wire.CONTROL_FD)))
-    failure = preload(args)
+    failure = preload([word for word in args if not word.startswith(ALSO)], also)
     if failure is not None:
         tell(control, wire.event("failed", reason=failure))
         return
@@ -219,15 +227,16 @@ def serve_ranks(control: socket.socket) -> None:
     become(*got, starter=starter)
 
 
-def fork_here(ours: socket.socket, theirs: socket.socket) -> int | None:
+def fork_here(ours: socket.socket, theirs: socket.socket, modules: Sequence[str] = ()) -> int | None:
     """The starter as a fork of the calling process, which imported torch already (torch
-    elastic's agent, :class:`.warm.Starter`): its pid, or None where this process cannot
-    fork it safely (a default preload does not import here, or a thread runs: a fork
-    copies only the calling thread, and a lock another one held stays held). The child
-    serves ``theirs`` and never returns into the caller's frames."""
+    elastic's agent, :class:`.warm.Starter`), after importing the defaults and ``modules``
+    (scalerun's choice, never a user's) here: its pid, or None where this process cannot
+    fork it safely (a preload does not import here, or a thread runs: a fork copies only
+    the calling thread, and a lock another one held stays held). The child serves
+    ``theirs`` and never returns into the caller's frames."""
     from scalerun.launch.local.parent_death import ending_with_launcher
 
-    if preload([]) is not None or threading.active_count() != 1:
+    if preload([], modules) is not None or threading.active_count() != 1:
         return None
     set_in_child = ending_with_launcher()
     sys.stdout.flush()

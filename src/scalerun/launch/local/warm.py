@@ -80,6 +80,43 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
     return PythonProgram(command[0], "file", words[0], tuple(words[1:]))
 
 
+DDP_MODULES = ("torch._dynamo",)
+"""What a rank imports when it builds DDP or compiles (``DistributedDataParallel.__init__``
+imports ``torch._dynamo`` and sympy: 1.3-2 s of CPU here)."""
+_MAY_BUILD_DDP = re.compile(
+    rb"DistributedDataParallel|\bDDP\b|\bwrap\(|\bcompile\(|_dynamo|\bFSDP\b|fully_shard"
+    rb"|lightning|accelerate|transformers|deepspeed|horovod")
+"""Words of a program that builds DDP, compiles, or hands its model to a library that does
+(scalerun's ``wrap``, Lightning, Accelerate, HF's Trainer, DeepSpeed, Horovod)."""
+_READ_AT_MOST = 4 << 20
+
+
+def shared_modules(program: PythonProgram, forks: int) -> tuple[str, ...]:
+    """What the starter preloads besides its defaults for this launch: DDP's imports where
+    it forks more than one rank (restarts included) of a program that may build DDP.
+
+    Why not always: with one rank nothing is shared, and a rank that never builds DDP never
+    imports them; preloading them cost 1.3 s of CPU per launch there (docs/results.md).
+    A program read wrongly costs only time: a rank imports what it needs after the fork,
+    as with ``exec``. ``--preload torch._dynamo`` preloads them whatever the program says."""
+    return DDP_MODULES if forks > 1 and may_build_ddp(program) else ()
+
+
+def may_build_ddp(program: PythonProgram) -> bool:
+    """Whether ``program``'s own text names DDP, compilation or a library that uses them;
+    True where it cannot be read here (a module: finding its file would import its
+    package in the launcher)."""
+    if program.entry == "code":
+        return bool(_MAY_BUILD_DDP.search(program.target.encode()))
+    if program.entry != "file":
+        return True
+    try:
+        with open(program.target, "rb") as handle:
+            return bool(_MAY_BUILD_DDP.search(handle.read(_READ_AT_MOST)))
+    except OSError:
+        return True
+
+
 class WarmProc:
     """A forked rank, as much of ``subprocess.Popen`` as the launchers use."""
 
@@ -151,12 +188,14 @@ class Starter:
     """One node's starter process, and the ranks it forked for this launcher."""
 
     def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str], *,
-                 fork_here: Callable[[socket.socket, socket.socket], int | None] | None = None) -> None:
+                 also: Sequence[str] = (),
+                 fork_here: Callable[[socket.socket, socket.socket, Sequence[str]], int | None] | None = None,
+                 ) -> None:
         """Start the starter: ``python -u -m scalerun.launch.local.starter``, or, where
         ``fork_here`` (:func:`.starter.fork_here`) can, as a fork of this process, which has
         imported torch already (torch elastic's agent): one import of torch per node. Only
-        for the default preloads (a user's module might open a GPU, here in the agent) and
-        the same python."""
+        without a user's preload (a user's module might open a GPU, here in the agent) and
+        for the same python. ``also``: scalerun's own extra preloads (:func:`shared_modules`)."""
         ours, theirs = socket.socketpair()
         self.control = ours
         self.changed = threading.Condition()
@@ -176,7 +215,7 @@ class Starter:
         """Ends reported before :meth:`popen` made the rank's :class:`WarmProc`."""
         self._send_lock = threading.Lock()
         same_python = os.path.realpath(python) == os.path.realpath(sys.executable)
-        pid = fork_here(ours, theirs) if fork_here is not None and not preload and same_python else None
+        pid = fork_here(ours, theirs, also) if fork_here is not None and not preload and same_python else None
         if pid is not None:
             self.proc: subprocess.Popen[bytes] | ForkedStarter = ForkedStarter(pid)
             theirs.close()
@@ -185,7 +224,8 @@ class Starter:
             return
         try:
             self.proc = subprocess.Popen(
-                [python, "-u", "-m", "scalerun.launch.local.starter", *preload],
+                [python, "-u", "-m", "scalerun.launch.local.starter", *(f"--also={name}" for name in also),
+                 *preload],
                 env={**env, wire.CONTROL_FD: str(theirs.fileno())}, pass_fds=(theirs.fileno(),),
                 start_new_session=True, preexec_fn=ending_with_launcher())
         except OSError as error:
