@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from scalerun.commands.tune import OVERRUN, Trials
 from scalerun.plan.knobs import knobs_text
 from scalerun.rundir import append_jsonl, step_log_path
 from scalerun.scaling.study import RunOutcome
+from scalerun.tune.progress import trial_line
 from scalerun.tune.search import (
     ETA,
     Budget,
@@ -28,7 +30,7 @@ from scalerun.tune.search import (
     next_neighbour,
 )
 from scalerun.tune.space import Candidate, NodeFacts, TuneError, candidates, planned_share
-from scalerun.tune.trials import TRIAL_FILE, TrialResult
+from scalerun.tune.trials import TRIAL_FILE, Measured, TrialResult
 from scalerun.tune.tuner import TUNE_FILE, TuneRequest, closing_lines, tune
 from scalerun.tune.validate import VALIDATE
 from tests.scaling.steplogs import ToyRun, write_run
@@ -424,6 +426,63 @@ def test_the_report_names_the_options_the_script_kept(tmp_path: Path) -> None:
            "(loader_workers): not tried" in progress.lines
     assert ("The script sets loader_workers=3 itself; the tuner left those alone."
             in (tmp_path / "tune.md").read_text())
+
+
+def with_knobs_record(path: Path, knobs: dict) -> None:
+    """Put ``knobs`` in the meta line of the step log at ``path``, as the runtime writes it."""
+    lines = path.read_text().splitlines()
+    meta = {**json.loads(lines[0]), "knobs": knobs}
+    path.write_text("\n".join([json.dumps(meta), *lines[1:]]) + "\n")
+
+
+def test_knobs_the_script_never_asks_for_are_not_tried(tmp_path: Path) -> None:
+    """A script without scalerun.loader: its ranks never ask for loader workers, so the
+    candidates that differ only in them would be the same run measured again."""
+
+    class NoLoader(StandIn):
+        def __call__(self, candidate, steps, run_dir):
+            outcome = super().__call__(candidate, steps, run_dir)
+            for rank in range(candidate.ranks):
+                with_knobs_record(step_log_path(run_dir, rank), {
+                    "applied": {}, "kept_by_script": {}, "asked": ["compile", "precision", "strategy"]})
+            return outcome
+
+    clock = Clock()
+    runner, progress = NoLoader(clock), Quiet()
+    output = tune(request(budget_s=100000), tmp_path, runner, progress, clock=clock)
+    space = {c.label: c for c in candidates(FACTS)}
+    first = [space[label] for label, steps in runner.runs if steps == 10]
+    runs = {(c.ranks, c.per_rank_batch, c.knobs.threads) for c in first}
+    assert len(runs) == len(first) < len(space)  # one of each run, whatever its workers
+    assert output.result.default.measured.knobs_asked == ["compile", "precision", "strategy"]
+    assert any(line.startswith(f"{len(space) - len(first)} configuration(s) differ only in what the script "
+                               "never asks scalerun for (bucket_cap_mb, gradient_as_bucket_view, loader_workers,")
+               for line in progress.lines), progress.lines
+
+
+def test_a_script_that_runs_past_the_step_limit_is_one_line(tmp_path: Path) -> None:
+    """A loop scalerun cannot stop ran all its steps: the tuner says so instead of asking
+    for a larger budget, and names the steps really run."""
+
+    class Ignores(StandIn):
+        def __call__(self, candidate, steps, run_dir):
+            return super().__call__(candidate, 31, run_dir)
+
+    with pytest.raises(TuneError) as raised:
+        tune(request(), tmp_path, Ignores(Clock()), Quiet(), clock=Clock())
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("the script ran 31 steps where the trial asked for 10: its loop does not stop "
+                              "at SCALERUN_MAX_STEPS")
+
+
+def test_a_trial_line_names_the_steps_really_run() -> None:
+    candidate = candidates(FACTS)[0]
+    measured = Measured(samples_per_s=10.0, step_s=0.1, steady_steps=29, wall_s=3.0, steps_run=31)
+    line = trial_line(TrialResult(candidate, 12, "ok", Path("t"), measured=measured), 3.0)
+    assert ", 12 steps asked, 31 run: 10 samples/s" in line
+    same = TrialResult(candidate, 12, "ok", Path("t"), measured=replace(measured, steps_run=12))
+    assert ", 12 steps: 10 samples/s" in trial_line(same, 3.0)
 
 
 class Queued(StandIn):

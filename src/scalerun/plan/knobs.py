@@ -16,7 +16,7 @@ Pure: parsing and formatting only, no I/O, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -157,6 +157,13 @@ def _word(value: Any) -> str:
     return str(value)
 
 
-def record_use(applied: Mapping[str, Any], kept: Mapping[str, Any]) -> dict[str, Any]:
-    """The step log's record of the knobs: those applied, and those the script set itself."""
-    return {"applied": dict(applied), "kept_by_script": dict(kept)}
+ASKED_IN_RANKS = frozenset({"loader_workers", "pin_memory", "bucket_cap_mb", "gradient_as_bucket_view",
+                            "static_graph", "precision", "compile", "strategy"})
+"""Knobs that act only where the rank's code asks for them (``wrap()``, ``loader()``): a
+script that never asks cannot use them. ``threads`` is not one: the plan sets it."""
+
+
+def record_use(applied: Mapping[str, Any], kept: Mapping[str, Any], asked: Iterable[str] = ()) -> dict[str, Any]:
+    """The step log's record of the knobs: those applied, those the script set itself, and
+    every knob the rank's code asked about (so those never asked are known unused)."""
+    return {"applied": dict(applied), "kept_by_script": dict(kept), "asked": sorted(asked)}

@@ -95,8 +95,7 @@ def default_workers() -> int:
     compute threads), or, before ``init()``, this process's CPUs minus one."""
     ctx = current()
     if ctx is not None and ctx.plan is not None:
-        if ctx.plan.knobs.loader_workers is not None:
-            knobs.choose("loader_workers", None)  # recorded as applied (the plan holds it)
+        knobs.choose("loader_workers", None)  # asked; applied where a knob set it (the plan holds it)
         return ctx.plan.loader_workers
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(MAX_DEFAULT_WORKERS, (cpus or 1) - 1))

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalerun.plan.knobs import Knobs, record_use
+from scalerun.plan.knobs import Knobs
+from scalerun.runtime import knob_use
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.context import current
-
-_applied: dict[str, Any] = {}
-_kept: dict[str, Any] = {}
 
 
 def rank_knobs() -> Knobs:
@@ -33,20 +31,24 @@ def choose(name: str, given: Any) -> Any:
     script that passes the knob's own value, e.g. read back from the plan, applied it).
     """
     value = getattr(rank_knobs(), name)
+    new_question = name not in knob_use.asked
+    knob_use.asked.add(name)
     if value is None:
+        if new_question:
+            _publish()
         return given
     if given is not None and given != value:
-        _kept[name] = given
+        knob_use.kept[name] = given
         _publish()
         return given
-    _applied[name] = value
+    knob_use.applied[name] = value
     _publish()
     return value
 
 
 def used() -> dict[str, Any]:
     """What this rank applied and what the script kept, as the step log records it."""
-    return record_use(_applied, _kept)
+    return knob_use.record()
 
 
 def _publish() -> None:

@@ -306,7 +306,8 @@ class StepLog:
     def close(self) -> None:
         self.flush(everything=True)
         if self._meta_written:
-            self._appender.append([{keys.KIND: keys.END_KIND, keys.T: self.clock(), **peak_memory()}])
+            knobs = {keys.KNOBS: self.meta[keys.KNOBS]} if keys.KNOBS in self.meta else {}
+            self._appender.append([{keys.KIND: keys.END_KIND, keys.T: self.clock(), **peak_memory(), **knobs}])
         self._appender.close()
 
 
@@ -436,13 +437,14 @@ def _meta(rank: int, world_size: int, local_rank: int, device: Any, backend: str
     import socket
 
     from scalerun.placement import node_name
+    from scalerun.runtime.knob_use import record as knobs_used
 
     return {keys.RANK: rank, keys.WORLD_SIZE: world_size, keys.LOCAL_RANK: local_rank,
             keys.NODE: node_name(), keys.HOST: socket.gethostname(), keys.DEVICE: str(device),
             keys.GPU_INDEX: gpu_index, keys.GPU_PCI: gpu_pci, keys.BACKEND: backend,
             keys.GROUP_SIZE: group_size,
             keys.CPUS: _own_cpus(), keys.START: round(time.time(), 6),
-            keys.VERSION: keys.FORMAT_VERSION}
+            keys.VERSION: keys.FORMAT_VERSION, keys.KNOBS: knobs_used()}
 
 
 def _meta_without_init(device: Any) -> dict[str, Any] | None:

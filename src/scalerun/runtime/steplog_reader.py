@@ -107,8 +107,10 @@ LOOP_WRAP = "wrap"
 LOOP_WRAP_MODEL = "wrap-model"
 LOOP_HOOKS = "hooks"
 KNOBS = "knobs"
-"""``{"applied": {...}, "kept_by_script": {...}}``: the tuned defaults (``--knob``) the rank
-used, and those its script set itself (:mod:`scalerun.runtime.knobs` writes it)."""
+"""``{"applied": {...}, "kept_by_script": {...}, "asked": [...]}``: the tuned defaults
+(``--knob``) the rank used, those its script set itself, and every knob its code asked
+about (:mod:`scalerun.runtime.knobs` writes it; the meta line has it as the log began, the
+end line as the rank ended)."""
 NOT_MEASURED = "not_measured"
 """``{step key: why}`` for the parts of a step this loop cannot measure."""
 

@@ -12,7 +12,9 @@ from scalerun.tune.trials import TrialResult
 
 def trial_line(result: TrialResult, spent_s: float) -> str:
     """One finished trial: its configuration, steps, and its speed or why it has none."""
-    what = f"{result.candidate.describe()}, {result.steps} steps"
+    run = result.measured.steps_run if result.measured else None
+    steps = f"{result.steps} steps" if run in (None, result.steps) else f"{result.steps} steps asked, {run} run"
+    what = f"{result.candidate.describe()}, {steps}"
     if result.ok and result.measured:
         kept = " (kept from an earlier call)" if result.resumed else ""
         return f"[{spent_s:5.0f} s] {what}: {result.measured.samples_per_s:.4g} samples/s{kept}"

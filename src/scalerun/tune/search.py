@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from scalerun.plan.knobs import Knobs
+from scalerun.plan.knobs import ASKED_IN_RANKS, Knobs
+from scalerun.plan.variables import MAX_STEPS as MAX_STEPS_NAME
 from scalerun.tune.space import Candidate, TuneError
 from scalerun.tune.trials import RunTrial, TrialResult, recorded, run_or_reuse, trial_dir
 
@@ -146,6 +147,11 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     if not default.ok:
         raise TuneError(f"the default configuration did not run ({default.status}: {default.error}); "
                         f"fix the script or the launch first (log: {default.run_dir})")
+    ran = default.measured.steps_run if default.measured else None
+    if ran is not None and ran > first_steps:
+        raise TuneError(f"the script ran {ran} steps where the trial asked for {first_steps}: its loop does not "
+                        f"stop at {MAX_STEPS_NAME} (scalerun stops a loop that steps a torch optimizer, or uses "
+                        f"wrap()); make it stop there, or read the variable in the script (log: {default.run_dir})")
     costs = learn_costs(trials)
     assert costs is not None
 
@@ -159,10 +165,14 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         raise TuneError(f"a budget of {budget.total_s:g} s holds no search: one run of the defaults "
                         f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
                         "larger --budget or fewer --steps")
-    others = distinct_runs(candidates[0], candidates[1:], default.measured.knobs_kept if default.measured else None)
+    kept = default.measured.knobs_kept if default.measured else None
+    unused = unused_knobs(default.measured.knobs_asked if default.measured else None)
+    others = distinct_runs(candidates[0], candidates[1:], {**dict.fromkeys(unused), **(kept or {})})
     if len(others) < len(candidates) - 1:
+        why = [f"sets itself ({', '.join(sorted(kept))})"] if kept else []
+        why += [f"never asks scalerun for ({', '.join(sorted(unused))})"] if unused else []
         progress.note(f"{len(candidates) - 1 - len(others)} configuration(s) differ only in what the script "
-                      f"sets itself ({', '.join(sorted(default.measured.knobs_kept or {}))}): not tried")
+                      f"{' or '.join(why)}: not tried")
     random.Random(seed).shuffle(others)  # ties and the order of a full first round
     held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end() - budget.spent_s)
     adaptive = held < len(candidates)
@@ -222,12 +232,18 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
                         skipped=skipped)
 
 
+def unused_knobs(asked: Sequence[str] | None) -> list[str]:
+    """Knobs the default run's code never asked about (no ``scalerun.loader``: no loader
+    knobs): they cannot change a run. None (the step logs do not say): none known."""
+    return [] if asked is None else sorted(ASKED_IN_RANKS - set(asked))
+
+
 def distinct_runs(default: Candidate, others: Sequence[Candidate],
                   kept: Mapping[str, Any] | None) -> list[Candidate]:
     """``others`` less those that run as the default or an earlier one does: candidates that
     differ only in knobs the script sets itself (its ``num_workers=3`` wins over any
-    ``--knob loader_workers``) would be the same run measured twice, and one could win on
-    noise with a knob that does nothing."""
+    ``--knob loader_workers``) or never asks for would be the same run measured twice, and
+    one could win on noise with a knob that does nothing."""
     names = {name for name in (kept or {}) if name in {f.name for f in fields(Knobs)}}
     if not names:
         return list(others)

@@ -54,6 +54,13 @@ class Measured:
     """The largest rank's peak GPU allocation."""
     knobs_kept: dict[str, Any] | None = None
     """Knobs the script set itself (the rank's step log says so): the tuner cannot move them."""
+    knobs_asked: list[str] | None = None
+    """Every knob the ranks' code asked about; None where the step logs do not say (a log
+    of an older scalerun). A knob of :data:`~scalerun.plan.knobs.ASKED_IN_RANKS` not in it
+    cannot change the run (no ``scalerun.loader``: no loader knobs)."""
+    steps_run: int | None = None
+    """The last step the step logs recorded: more than the trial's steps where the script
+    ran past ``SCALERUN_MAX_STEPS``."""
 
 
 @dataclass(frozen=True)
@@ -129,18 +136,22 @@ def judge(candidate: Candidate, steps: int, run_dir: Path, outcome: RunOutcome, 
         metrics = run_metrics(run_dir, warmup_steps)
     except ScalerunError as error:
         return TrialResult(candidate, steps, "failed", run_dir, error=str(error), wall_s=wall_s)
-    rss, gpu, kept = peaks(run_dir)
+    rss, gpu, kept, asked, last = peaks(run_dir)
     measured = Measured(samples_per_s=metrics.samples_per_s, step_s=metrics.step_s,
                         steady_steps=metrics.steady_steps, wall_s=wall_s,
-                        peak_rss_mb=rss, peak_gpu_mb=gpu, knobs_kept=kept or None)
+                        peak_rss_mb=rss, peak_gpu_mb=gpu, knobs_kept=kept or None, knobs_asked=asked,
+                        steps_run=last)
     return TrialResult(candidate, steps, "ok", run_dir, measured=measured, wall_s=wall_s)
 
 
-def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
-    """(summed peak RSS, largest peak GPU allocation, knobs the script kept) from the step logs."""
+def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any], list[str] | None, int | None]:
+    """From the step logs: (summed peak RSS, largest peak GPU allocation, knobs the script
+    kept, knobs the ranks asked about or None where no log says, the last step recorded)."""
     rss: list[float] = []
     gpu: list[float] = []
     kept: dict[str, Any] = {}
+    asked: set[str] | None = None
+    last: int | None = None
     for path in step_logs(run_dir).values():
         records = read_jsonl(path)
         end = keys.end_record(records)
@@ -148,9 +159,15 @@ def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any]]:
             rss.append(float(end[keys.PEAK_RSS_MB]))
         if isinstance(end.get(keys.PEAK_GPU_MB), int | float):
             gpu.append(float(end[keys.PEAK_GPU_MB]))
-        used = keys.meta_record(records).get(keys.KNOBS) or {}
+        used = end.get(keys.KNOBS) or keys.meta_record(records).get(keys.KNOBS) or {}
         kept.update(used.get("kept_by_script") or {})
-    return (round(sum(rss), 1) if rss else None), (max(gpu) if gpu else None), kept
+        if isinstance(used.get("asked"), list):
+            asked = (asked or set()) | {str(name) for name in used["asked"]}
+        steps = [r[keys.STEP] for r in keys.step_records(records) if isinstance(r.get(keys.STEP), int)]
+        if steps:
+            last = max(last or 0, max(steps))
+    return ((round(sum(rss), 1) if rss else None), (max(gpu) if gpu else None), kept,
+            (sorted(asked) if asked is not None else None), last)
 
 
 def recorded(run_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[str, Any]) -> TrialResult | None:
