@@ -96,10 +96,11 @@ def test_a_restarted_step_keeps_its_last_record(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("steps", "warmup", "message"),
-    [(None, 0, "no step log in"), (3, 3, "hold 3 step(s), none after the 3 warm-up step(s)")],
+    [(None, 0, "no step log in"), (3, 3, "hold 3 step(s), none after the 3 warm-up step(s)"),
+     (0, 0, "hold no step: scalerun cannot count this script's steps")],
 )
 def test_runs_without_steady_steps_are_refused(tmp_path: Path, steps, warmup, message) -> None:
-    if steps:
+    if steps is not None:
         write_run(tmp_path, ToyRun(world=1, steps=steps, samples=1, fwd_s=1.0))
     with pytest.raises(ScalingError, match=message.replace("(", r"\(").replace(")", r"\)")):
         run_metrics(tmp_path, warmup_steps=warmup)

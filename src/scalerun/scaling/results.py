@@ -117,17 +117,23 @@ class ScalingRow:
 # ---------------------------------------------------------------------------
 
 
+UNCOUNTED = ("scalerun cannot count this script's steps (it counts the steps of a torch optimizer, "
+             "and of scalerun.wrap()); a run without them cannot be timed")
+
+
 def run_metrics(run_dir: Path, warmup_steps: int) -> RunMetrics:
     """The steady-state numbers of the run in ``run_dir``; ScalingError when there are none."""
     logs = step_logs(run_dir)
     if not logs:
-        raise ScalingError(f"no step log in {run_dir / 'steps'}: does the script call scalerun's step log?")
+        raise ScalingError(f"no step log in {run_dir / 'steps'}: {UNCOUNTED}")
     metas, steps = {}, {}
     for rank, path in logs.items():
         metas[rank], steps[rank] = read_step_log(path)
     steady = {rank: s[warmup_steps:] for rank, s in steps.items() if len(s) > warmup_steps}
     if not steady:
         most = max(len(s) for s in steps.values())
+        if not most:
+            raise ScalingError(f"the step logs in {run_dir} hold no step: {UNCOUNTED}")
         raise ScalingError(f"the step logs in {run_dir} hold {most} step(s), none after the "
                            f"{warmup_steps} warm-up step(s); raise --steps or lower --warmup-steps")
     return _metrics(metas, steps, steady, warmup_steps)
