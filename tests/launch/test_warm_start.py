@@ -151,9 +151,9 @@ def test_forked_ranks_draw_different_random_numbers(ranks_seen: dict) -> None:
 
 
 def test_ranks_of_a_script_that_builds_ddp_find_its_imports_preloaded(tmp_path: Path) -> None:
-    """DDP imports torch._dynamo and sympy (1.3-2 s of CPU a rank): where the script names
-    DDP and the starter forks two ranks, it imported them once for both, before the fork;
-    a script that builds none does not get them (``dynamo`` in the launch above)."""
+    """An optimizer and DDP import torch._dynamo and sympy (1.3-2 s of CPU a rank): where
+    the script names them and the starter forks two ranks, it imported them once for both,
+    before the fork; a script that trains nothing does not get them (``dynamo`` above)."""
     script = write(tmp_path, "ddp.py", """
         import sys
         import torch.distributed as dist
@@ -314,6 +314,7 @@ def test_reading_a_rank_command() -> None:
     ("file", "model = scalerun.wrap(model)\n", 4, True),
     ("file", "import lightning as L\n", 2, True),
     ("file", "model = torch.compile(model)\n", 2, True),
+    ("file", "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n", 2, True),  # its constructor imports them
     ("file", "import torch.distributed as dist\ndist.all_reduce(t)\n", 8, False),
     ("file", "from torch.nn.parallel import DistributedDataParallel\n", 1, False),  # one rank shares nothing
     ("code", "import torch; torch.nn.parallel.DistributedDataParallel", 2, True),

@@ -48,9 +48,9 @@ DEFAULT_PRELOAD = (
     "scalerun.launch.local.start",
     "scalerun.launch.local.forked_rank",
 )
-"""What every rank of a training job imports before its first step. What a DDP rank
-imports on top (``torch._dynamo``) is preloaded only where the launcher asks for it
-(:func:`.warm.shared_modules`): 1.3 s of CPU in a starter whose ranks never build DDP."""
+"""What every rank of a training job imports before its first step. What an optimizer or
+DDP imports on top (``torch._dynamo``) is preloaded only where the launcher asks for it
+(:func:`.warm.shared_modules`): 1.3 s of CPU in a starter whose ranks never train."""
 
 
 ALSO = "--also="

@@ -81,29 +81,34 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
 
 
 DDP_MODULES = ("torch._dynamo",)
-"""What a rank imports when it builds DDP or compiles (``DistributedDataParallel.__init__``
-imports ``torch._dynamo`` and sympy: 1.3-2 s of CPU here)."""
+"""What a rank imports when it builds a torch optimizer, DDP or compiles (the constructors of
+``torch.optim``'s optimizers and of ``DistributedDataParallel`` import ``torch._dynamo``
+and sympy: 1.3-2 s of CPU here)."""
 _MAY_BUILD_DDP = re.compile(
-    rb"DistributedDataParallel|\bDDP\b|\bwrap\(|\bcompile\(|_dynamo|\bFSDP\b|fully_shard"
+    rb"optim|DistributedDataParallel|\bDDP\b|\bwrap\(|\bcompile\(|_dynamo|\bFSDP\b|fully_shard"
     rb"|lightning|accelerate|transformers|deepspeed|horovod")
-"""Words of a program that builds DDP, compiles, or hands its model to a library that does
-(scalerun's ``wrap``, Lightning, Accelerate, HF's Trainer, DeepSpeed, Horovod)."""
+"""Words of a program that trains (a torch optimizer), builds DDP, compiles, or hands its
+model to a library that does (scalerun's ``wrap``, Lightning, Accelerate, HF's Trainer,
+DeepSpeed, Horovod)."""
 _READ_AT_MOST = 4 << 20
 
 
 def shared_modules(program: PythonProgram, forks: int) -> tuple[str, ...]:
-    """What the starter preloads besides its defaults for this launch: DDP's imports where
-    it forks more than one rank (restarts included) of a program that may build DDP.
+    """What the starter preloads besides its defaults for this launch: the imports of an
+    optimizer and of DDP where it forks more than one rank (restarts included) of a program
+    that may train.
 
-    Why not always: with one rank nothing is shared, and a rank that never builds DDP never
-    imports them; preloading them cost 1.3 s of CPU per launch there (docs/results.md).
+    Why not always: with one rank nothing is shared, and a rank that builds neither (a
+    check, a tool, an evaluation) never imports them; preloading them cost 1.3 s of CPU per
+    launch there (docs/results.md).
     A program read wrongly costs only time: a rank imports what it needs after the fork,
     as with ``exec``. ``--preload torch._dynamo`` preloads them whatever the program says."""
     return DDP_MODULES if forks > 1 and may_build_ddp(program) else ()
 
 
 def may_build_ddp(program: PythonProgram) -> bool:
-    """Whether ``program``'s own text names DDP, compilation or a library that uses them;
+    """Whether ``program``'s own text names an optimizer, DDP, compilation or a library
+    that uses them;
     True where it cannot be read here (a module: finding its file would import its
     package in the launcher)."""
     if program.entry == "code":
