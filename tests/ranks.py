@@ -20,8 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 TIMEOUT_S = 120
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "scalerun", "scalerun.runtime.init", "tests.ranks"]
-"""What the forkserver imports once, before it forks any rank."""
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "scalerun", "scalerun.runtime.init",
+           "tests.ranks"]
+"""What the forkserver imports once, before it forks any rank (``torch._dynamo``: every
+torch optimizer's constructor imports it, 1.1 s of CPU a rank)."""
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ Sizes and iterations are kept small: the machine is shared.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from tests.doctor import rank_fns
 from tests.fixtures.make_sysfs import build_tree
-from tests.ranks import free_port, run_ranks
+from tests.ranks import PRELOAD, free_port, run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ("--max-bytes", "64K", "--iters", "2", "--warmup", "1")
@@ -111,22 +112,49 @@ def test_collectives_on_real_ranks_and_a_late_rank_named() -> None:
     assert second["barrier"][0] is False
 
 
+def doctor_node(argv: list[str], environ: dict[str, str], log: str) -> None:
+    """``python -m scalerun doctor ARGV`` run by this process (forked from the forkserver of
+    :mod:`tests.ranks`, which imported torch and scalerun): the environment ``environ``,
+    stdout and stderr into the file ``log``, the command's exit code the process's."""
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(REPO)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    from scalerun.cli import main
+
+    sys.exit(main(["doctor", *argv]))
+
+
 def test_bisection_probes_real_node_sets(tmp_path: Path) -> None:
     """Three launcher "nodes" on this machine and an unreachable --min-busbw: the sweep
-    fails, the search probes the whole set, then a pair, and blames no single node."""
+    fails, the search probes the whole set, then a pair, and blames no single node.
+
+    Each node is its own process running ``scalerun doctor``, forked from the forkserver
+    that imported torch once (:mod:`tests.ranks`): three ``python -m scalerun`` importing
+    it cost ~6 s of CPU more, for nothing this test looks at."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     port, procs = free_port(), []
     for rank in range(3):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1"}
-        out = open(tmp_path / f"rank{rank}.out", "w")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "scalerun", "doctor", "--json", "--min-busbw", "1e6", "--max-bytes", "4K",
-             "--iters", "1", "--probe-bytes", "4K", "--timeout", "60"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
-    codes = [proc.wait(timeout=180) for proc, _ in procs]
-    for _, out in procs:
-        out.close()
+        argv = ["--json", "--min-busbw", "1e6", "--max-bytes", "4K", "--iters", "1", "--probe-bytes", "4K",
+                "--timeout", "60"]
+        procs.append(context.Process(target=doctor_node, args=(argv, env, str(tmp_path / f"rank{rank}.out"))))
+        procs[-1].start()
+    for proc in procs:
+        proc.join(timeout=180)
+    codes = [proc.exitcode for proc in procs]  # None: still running after 180 s
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
     assert codes == [1, 1, 1], (tmp_path / "rank0.out").read_text()
     text = (tmp_path / "rank0.out").read_text()
     report = json.loads(text[text.index("{"):])

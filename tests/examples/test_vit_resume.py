@@ -3,8 +3,9 @@
 The same command with ``--global-batch-size`` trains on 2 ranks, stops mid-epoch
 (``--max-steps``), and resumes on 4 (DDP) or 1 (FSDP): the last epoch's line is the
 uninterrupted 2-rank run's, to the last printed digit, and scalerun says the continuation
-is exact. Launches are ``scalerun launch`` of the real script; the data is small (320
-training images, 20 global batches of 16 an epoch) so that a launch takes seconds.
+is exact. Launches are ``scalerun launch`` of the real script; the data is small (160
+training images, 10 global batches of 16 an epoch: the stop is still 5 batches into the
+second epoch) so that a launch takes seconds (an FSDP step is ~0.05 s of CPU a rank).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from tests.ranks import free_port
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "vit" / "train.py"
 GLOBAL_BATCH = 16
-STOP_AT = 25  # epoch 2, batch 5 of 20
+SAMPLES = 200  # 160 train (10 global batches), 40 validation images
+STEPS_PER_EPOCH = 10
+STOP_AT = STEPS_PER_EPOCH + 5  # epoch 2, batch 5 of 10
 LAST_EPOCH = re.compile(r"epoch 3: train loss \S+, val loss \S+, val accuracy \S+ \(\d+/\d+\)")
 
 
@@ -35,7 +38,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def example_args(data: Path, out: Path, strategy: str, *extra: str) -> list[str]:
-    return [str(EXAMPLE), "--model", "tiny", "--samples", "400", "--classes", "4", "--epochs", "3",
+    return [str(EXAMPLE), "--model", "tiny", "--samples", str(SAMPLES), "--classes", "4", "--epochs", "3",
             "--global-batch-size", str(GLOBAL_BATCH), "--num-workers", "0", "--data", str(data),
             "--strategy", strategy, "--out", str(out), *extra]
 
@@ -79,7 +82,7 @@ def test_the_example_resumes_at_another_world_size_exactly(
                                                str(folder)))
     assert last_epoch(resumed) == straight
     assert (f"scalerun: resumed from step {STOP_AT} ({folder / f'step-{STOP_AT:08d}'}; epoch 1, "
-            f"batch {STOP_AT - 20}; saved by 2 rank(s), this run has {resumed_on}: an exact "
+            f"batch {STOP_AT - STEPS_PER_EPOCH}; saved by 2 rank(s), this run has {resumed_on}: an exact "
             f"continuation: same global batch {GLOBAL_BATCH} ({GLOBAL_BATCH // 2} x 2 rank(s), now "
             f"{GLOBAL_BATCH // resumed_on} x {resumed_on} rank(s)), same sample order)") in resumed.stdout
 
@@ -138,7 +141,7 @@ def test_a_warned_example_saves_into_its_own_checkpoint_folder(data: Path, tmp_p
                         output)
     assert stopped, output
     step = int(stopped.group(1))
-    assert 20 <= step < 60 and stopped.group(2) == str(folder / f"step-{step:08d}")
+    assert STEPS_PER_EPOCH <= step < 3 * STEPS_PER_EPOCH and stopped.group(2) == str(folder / f"step-{step:08d}")
     assert "nowhere" not in output and "training goes on unsaved" not in output
 
     codes, output = run_warned(args, tmp_path, warn=False)

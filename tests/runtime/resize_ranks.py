@@ -12,6 +12,11 @@ one after the other in the same processes: starting ranks costs more than the tr
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import multiprocessing as mp
+import os
+import queue as queues
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 import scalerun
 from scalerun import checkpoint
 from scalerun.errors import ScalerunError
+from tests import ranks
 from tests.runtime.strategy_ranks import BATCH, SAMPLES, as_lists, dataset, make_net, stream
 
 GLOBAL = 16  # samples per optimizer step: 4 per rank x accumulation 2 x 2 ranks
@@ -92,3 +98,102 @@ def resumed(ctx, cases: list[Case], root: str) -> dict[str, Any]:
                          "position": (where.step, where.epoch, where.batch),
                          "accumulation": model.accumulation}
     return results
+
+
+# ---------------------------------------------------------------------------
+# Starting the ranks: forked from one process that imported DeepSpeed and Horovod
+# ---------------------------------------------------------------------------
+
+PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "horovod.torch")
+"""What every rank here imports before its first step: DeepSpeed and Horovod (1.7 s of CPU),
+then, in its first engine, torch._dynamo (the optimizers' constructor) and DeepSpeed's
+Muon optimizer (~2 s). The 7 ranks of the test module paid it 7 times: ~25 s of ~45."""
+
+
+class PreloadedRanks:
+    """``run(world, fn, *args)``: what :func:`tests.ranks.run_ranks` returns, with each rank
+    started as it starts them (its environment, ``scalerun.init()``, :func:`tests.ranks._worker`),
+    but forked from one process that imported :data:`PRELOAD` once, itself started by
+    ``tests.ranks``' forkserver (torch and scalerun imported). Used as a context manager."""
+
+    def __enter__(self) -> PreloadedRanks:
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(ranks.PRELOAD)
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, dict(os.environ)))
+        self.process.start()
+        child.close()
+        return self
+
+    def run(self, world: int, fn: Any, *args: Any, timeout_s: float) -> list[Any]:
+        self.conn.send((world, fn, args, dict(os.environ), timeout_s))
+        if not self.conn.poll(timeout_s + 30):
+            raise AssertionError(f"no result from {world} rank(s) within {timeout_s + 30} s")
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            raise AssertionError(f"the process the ranks fork from ended: {self.process.exitcode}") from None
+        if status != "ok":
+            raise AssertionError(value)
+        return value
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+def _serve(conn: Any, environ: dict[str, str]) -> None:
+    """The process the ranks fork from: it imports (in the test's environment), forks and
+    collects, and does nothing else (no process group, no engine, one thread: nothing a
+    forked child could inherit half-done)."""
+    os.environ.clear()  # the test's, not the forkserver's (it started earlier)
+    os.environ.update(environ, OMP_NUM_THREADS="1", SCALERUN_BIND="0")
+    torch.set_num_threads(1)  # no OpenMP team here for the children to inherit
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):  # a saving only: each rank imports what it needs
+            importlib.import_module(name)
+    try:
+        from deepspeed.comm.torch import build_shm_op
+    except ImportError:
+        pass
+    else:  # DeepSpeed's CPU communication op: compiled here, if not cached yet, before any rank
+        build_shm_op()  # needs it (what test_strategies' deepspeed_cpu_op_built does); loaded once
+    fork = mp.get_context("fork")
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the test's process is gone
+            return
+        if request is None:
+            return
+        world, fn, args, environ, timeout_s = request
+        results_queue = fork.Queue()
+        port = ranks.free_port()
+        procs = [fork.Process(target=ranks._worker,
+                              args=(rank, world, port, fn, args, results_queue, environ))
+                 for rank in range(world)]
+        for proc in procs:
+            proc.start()
+        results: dict[int, Any] = {}
+        failure = None
+        try:
+            for _ in range(world):
+                rank, status, value = results_queue.get(timeout=timeout_s)
+                if status != "ok":
+                    failure = f"rank {rank} failed:\n{value}"
+                    break
+                results[rank] = value
+        except queues.Empty:
+            failure = f"{world - len(results)} of {world} rank(s) sent no result within {timeout_s} s"
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        conn.send(("error", failure) if failure else ("ok", [results[rank] for rank in range(world)]))

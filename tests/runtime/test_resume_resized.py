@@ -22,14 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.ranks import run_ranks
 from tests.runtime import resize_ranks as rr
-from tests.runtime.test_strategies import (  # noqa: F401 - an autouse fixture
-    HAS_DEEPSPEED,
-    HAS_HOROVOD,
-    deepspeed_cpu_op_built,
-    max_difference,
-)
+from tests.runtime.test_strategies import HAS_DEEPSPEED, HAS_HOROVOD, max_difference
 
 WEIGHTS_ATOL, LOSS_RTOL = 1e-6, 1e-5
 CASES: dict[str, tuple[str, dict]] = {
@@ -59,20 +53,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The 2-rank runs, then the resumes: at 4 ranks first, so that the conversion to
     DeepSpeed's universal checkpoint happens there, with ranks waiting on rank 0."""
     root = tmp_path_factory.mktemp("resized")
-    two = run_ranks(2, rr.straight_and_stopped, cases(tuple(CASES)), str(root),
-                    timeout_s=RANKS_TIMEOUT_S)
-    blocked = root / BLOCKED
-    shutil.copytree(root / "zero2", blocked)
-    # Stands in for a read-only checkpoint folder (the tests run as root, who writes anyway).
-    (blocked / "step-00000004" / "universal").write_text("not a folder\n")
-    at: dict[int, list[dict[str, Any]]] = {}
-    converted: dict[int, dict[str, int]] = {}
-    for world, names in RESUMED_AT.items():
-        extra = (BLOCKED,) if world == 4 else ()
-        at[world] = run_ranks(world, rr.resumed, cases(names + extra), str(root),
-                              timeout_s=RANKS_TIMEOUT_S)
-        converted[world] = {name: universal_inode(root / name) for name in ("zero1", "zero2", "zero3")
-                            if universal_inode(root / name)}
+    with rr.PreloadedRanks() as ranks:  # DeepSpeed and Horovod imported once, not by each rank
+        two = ranks.run(2, rr.straight_and_stopped, cases(tuple(CASES)), str(root),
+                        timeout_s=RANKS_TIMEOUT_S)
+        blocked = root / BLOCKED
+        shutil.copytree(root / "zero2", blocked)
+        # Stands in for a read-only checkpoint folder (the tests run as root, who writes anyway).
+        (blocked / "step-00000004" / "universal").write_text("not a folder\n")
+        at: dict[int, list[dict[str, Any]]] = {}
+        converted: dict[int, dict[str, int]] = {}
+        for world, names in RESUMED_AT.items():
+            extra = (BLOCKED,) if world == 4 else ()
+            at[world] = ranks.run(world, rr.resumed, cases(names + extra), str(root),
+                                  timeout_s=RANKS_TIMEOUT_S)
+            converted[world] = {name: universal_inode(root / name) for name in ("zero1", "zero2", "zero3")
+                                if universal_inode(root / name)}
     return {"two": two, "at": at, "converted": converted}
 
 
