@@ -322,7 +322,7 @@ def test_reading_a_rank_command() -> None:
     ("module", "", 2, True),  # not read: finding its file would import its package here
     ("missing", "", 2, True),  # unreadable: as before, preloaded
 ])
-def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_build_ddp(
+def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_train(
         tmp_path: Path, entry: str, text: str, forks: int, preloaded: bool) -> None:
     target = text
     if entry in ("file", "missing"):
@@ -330,7 +330,7 @@ def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_build_ddp(
         if entry == "file":
             Path(target).write_text(text)
     program = warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
-    assert warm.shared_modules(program, forks) == (warm.DDP_MODULES if preloaded else ())
+    assert warm.shared_modules(program, forks) == (warm.TRAINING_MODULES if preloaded else ())
 
 
 def test_a_zipapp_runs_as_python_runs_it(tmp_path: Path) -> None:

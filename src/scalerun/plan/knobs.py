@@ -157,10 +157,11 @@ def _word(value: Any) -> str:
     return str(value)
 
 
-ASKED_IN_RANKS = frozenset({"loader_workers", "pin_memory", "bucket_cap_mb", "gradient_as_bucket_view",
-                            "static_graph", "precision", "compile", "strategy"})
-"""Knobs that act only where the rank's code asks for them (``wrap()``, ``loader()``): a
-script that never asks cannot use them. ``threads`` is not one: the plan sets it."""
+SET_BY_THE_PLAN = frozenset({"threads"})
+"""Knobs the rank's plan applies whatever its code does (``OMP_NUM_THREADS``)."""
+ASKED_IN_RANKS = frozenset(f.name for f in fields(Knobs)) - SET_BY_THE_PLAN
+"""Every other knob acts only where the rank's code asks for it (``wrap()``, ``loader()``):
+a script that never asks cannot use it."""
 
 
 def record_use(applied: Mapping[str, Any], kept: Mapping[str, Any], asked: Iterable[str] = ()) -> dict[str, Any]:

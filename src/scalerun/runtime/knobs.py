@@ -46,14 +46,9 @@ def choose(name: str, given: Any) -> Any:
     return value
 
 
-def used() -> dict[str, Any]:
-    """What this rank applied and what the script kept, as the step log records it."""
-    return knob_use.record()
-
-
 def _publish() -> None:
     from scalerun.runtime.steplog import current_log
 
     log = current_log()
     if log is not None:
-        log.update_meta(**{keys.KNOBS: used()})
+        log.update_meta(**{keys.KNOBS: knob_use.record()})

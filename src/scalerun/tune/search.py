@@ -29,7 +29,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -167,7 +167,7 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
                         "larger --budget or fewer --steps")
     kept = default.measured.knobs_kept if default.measured else None
     unused = unused_knobs(default.measured.knobs_asked if default.measured else None)
-    others = distinct_runs(candidates[0], candidates[1:], {**dict.fromkeys(unused), **(kept or {})})
+    others = distinct_runs(candidates[0], candidates[1:], {*unused, *(kept or {})})
     if len(others) < len(candidates) - 1:
         why = [f"sets itself ({', '.join(sorted(kept))})"] if kept else []
         why += [f"never asks scalerun for ({', '.join(sorted(unused))})"] if unused else []
@@ -238,13 +238,12 @@ def unused_knobs(asked: Sequence[str] | None) -> list[str]:
     return [] if asked is None else sorted(ASKED_IN_RANKS - set(asked))
 
 
-def distinct_runs(default: Candidate, others: Sequence[Candidate],
-                  kept: Mapping[str, Any] | None) -> list[Candidate]:
+def distinct_runs(default: Candidate, others: Sequence[Candidate], fixed: Iterable[str]) -> list[Candidate]:
     """``others`` less those that run as the default or an earlier one does: candidates that
     differ only in knobs the script sets itself (its ``num_workers=3`` wins over any
     ``--knob loader_workers``) or never asks for would be the same run measured twice, and
-    one could win on noise with a knob that does nothing."""
-    names = {name for name in (kept or {}) if name in {f.name for f in fields(Knobs)}}
+    one could win on noise with a knob that does nothing. ``fixed``: the names of those knobs."""
+    names = {name for name in fixed if name in {f.name for f in fields(Knobs)}}
     if not names:
         return list(others)
 

@@ -80,11 +80,11 @@ def python_program(command: Sequence[str]) -> PythonProgram | str:
     return PythonProgram(command[0], "file", words[0], tuple(words[1:]))
 
 
-DDP_MODULES = ("torch._dynamo",)
+TRAINING_MODULES = ("torch._dynamo",)
 """What a rank imports when it builds a torch optimizer, DDP or compiles (the constructors of
 ``torch.optim``'s optimizers and of ``DistributedDataParallel`` import ``torch._dynamo``
 and sympy: 1.3-2 s of CPU here)."""
-_MAY_BUILD_DDP = re.compile(
+_MAY_TRAIN = re.compile(
     rb"optim|DistributedDataParallel|\bDDP\b|\bwrap\(|\bcompile\(|_dynamo|\bFSDP\b|fully_shard"
     rb"|lightning|accelerate|transformers|deepspeed|horovod")
 """Words of a program that trains (a torch optimizer), builds DDP, compiles, or hands its
@@ -103,21 +103,21 @@ def shared_modules(program: PythonProgram, forks: int) -> tuple[str, ...]:
     launch there (docs/results.md).
     A program read wrongly costs only time: a rank imports what it needs after the fork,
     as with ``exec``. ``--preload torch._dynamo`` preloads them whatever the program says."""
-    return DDP_MODULES if forks > 1 and may_build_ddp(program) else ()
+    return TRAINING_MODULES if forks > 1 and may_train(program) else ()
 
 
-def may_build_ddp(program: PythonProgram) -> bool:
+def may_train(program: PythonProgram) -> bool:
     """Whether ``program``'s own text names an optimizer, DDP, compilation or a library
     that uses them;
     True where it cannot be read here (a module: finding its file would import its
     package in the launcher)."""
     if program.entry == "code":
-        return bool(_MAY_BUILD_DDP.search(program.target.encode()))
+        return bool(_MAY_TRAIN.search(program.target.encode()))
     if program.entry != "file":
         return True
     try:
         with open(program.target, "rb") as handle:
-            return bool(_MAY_BUILD_DDP.search(handle.read(_READ_AT_MOST)))
+            return bool(_MAY_TRAIN.search(handle.read(_READ_AT_MOST)))
     except OSError:
         return True
 
