@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue as queues
 import socket
 import traceback
 from collections.abc import Callable
@@ -69,9 +70,16 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout_s: float | None = No
     """
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (once)
+    return run_in(context, world, fn, args, timeout_s or TIMEOUT_S, dict(os.environ))
+
+
+def run_in(context: Any, world: int, fn: Callable, args: tuple, timeout_s: float,
+           environ: dict[str, str]) -> list[Any]:
+    """``world`` ranks of ``fn`` started by ``context`` (multiprocessing's forkserver, or a
+    fork of a process that preloaded more), each in ``environ``: their results in rank
+    order; AssertionError naming the rank that failed or the ranks that said nothing."""
     queue = context.Queue()
     port = free_port()
-    environ = dict(os.environ)
     procs = [
         context.Process(target=_worker, args=(rank, world, port, fn, args, queue, environ))
         for rank in range(world)
@@ -81,7 +89,11 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout_s: float | None = No
     results: dict[int, Any] = {}
     try:
         for _ in range(world):
-            rank, status, value = queue.get(timeout=timeout_s or TIMEOUT_S)
+            try:
+                rank, status, value = queue.get(timeout=timeout_s)
+            except queues.Empty:
+                raise AssertionError(f"{world - len(results)} of {world} rank(s) sent no result "
+                                     f"within {timeout_s} s") from None
             if status != "ok":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             results[rank] = value
@@ -90,4 +102,5 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout_s: float | None = No
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
     return [results[rank] for rank in range(world)]

@@ -16,7 +16,6 @@ import contextlib
 import importlib
 import multiprocessing as mp
 import os
-import queue as queues
 from pathlib import Path
 from typing import Any
 
@@ -172,28 +171,7 @@ def _serve(conn: Any, environ: dict[str, str]) -> None:
         if request is None:
             return
         world, fn, args, environ, timeout_s = request
-        results_queue = fork.Queue()
-        port = ranks.free_port()
-        procs = [fork.Process(target=ranks._worker,
-                              args=(rank, world, port, fn, args, results_queue, environ))
-                 for rank in range(world)]
-        for proc in procs:
-            proc.start()
-        results: dict[int, Any] = {}
-        failure = None
         try:
-            for _ in range(world):
-                rank, status, value = results_queue.get(timeout=timeout_s)
-                if status != "ok":
-                    failure = f"rank {rank} failed:\n{value}"
-                    break
-                results[rank] = value
-        except queues.Empty:
-            failure = f"{world - len(results)} of {world} rank(s) sent no result within {timeout_s} s"
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        conn.send(("error", failure) if failure else ("ok", [results[rank] for rank in range(world)]))
+            conn.send(("ok", ranks.run_in(fork, world, fn, args, timeout_s, environ)))
+        except AssertionError as failure:
+            conn.send(("error", str(failure)))
