@@ -226,6 +226,7 @@ def test_a_script_that_does_not_call_init_starts_through_scalerun_exec(tmp_path:
         dist.init_process_group("gloo")
         print("rank", dist.get_rank(), "cpus", sorted(os.sched_getaffinity(0)),
               "omp", os.environ.get("OMP_NUM_THREADS"), flush=True)
+        dist.barrier()  # no rank leaves while another is still connecting: gloo fails it
         dist.destroy_process_group()
     """)
     result = run_cli("launch", "--nproc-per-node", "2", "--no-monitor", str(script))
@@ -326,6 +327,7 @@ def test_on_several_nodes_each_line_names_its_rank_and_node(tmp_path: Path) -> N
         for _ in range(4):
             model(torch.ones(1, 2)).sum().backward()
             optimizer.step()
+        dist.barrier()  # no rank leaves while another is still connecting: gloo fails it
         dist.destroy_process_group()
     """)
     common = ["launch", "--no-monitor", "--nnodes", "2", "--nproc-per-node", "2",
