@@ -55,6 +55,8 @@ class Work:
     bwd_s: float = 0.06
     opt_s: float = 0.01
     samples: int = 32
+    cpu_wait_s: float = 0.0
+    """Seconds per step it waited for a CPU core (the kernel's run-queue delay)."""
 
     @property
     def ready_s(self) -> float:
@@ -117,7 +119,9 @@ def write_rank(run_dir: Path, job: Job, rank: int) -> None:
     clock = FakeClock(START)
     meta = {"rank": rank, "world_size": job.world, "local_rank": rank % job.ranks_per_node,
             "node": job.node_of(rank), "host": job.node_of(rank), "device": "cuda:0", "backend": "nccl", "start": START}
-    log = StepLog(step_log_path(run_dir, rank), meta, marks=ClockMarks(clock), clock=clock)
+    waited = [0.0]  # the scripted run-queue delay so far: this process's own is not the job's
+    log = StepLog(step_log_path(run_dir, rank), meta, marks=ClockMarks(clock), clock=clock,
+                  cpu_waited=lambda: waited[0])
     log.update_meta(strategy="ddp", params=1_000_000, grad_bytes=4_000_000)
     last_ready = max(job.of(r).ready_s for r in range(job.world))
     for step in range(1, job.steps + 1):
@@ -125,6 +129,7 @@ def write_rank(run_dir: Path, job: Job, rank: int) -> None:
         replay_step(log, clock, job.of(rank), last_ready, job)
         clock.now = job.first_step_at() + step * job.step_s()
         log.scalars(loss=1.0 / step)
+        waited[0] += job.of(rank).cpu_wait_s
         log.end_step(step)
     log.close()
 

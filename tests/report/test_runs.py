@@ -28,6 +28,9 @@ from tests.report.runs import (
 
 SLOW = Job(work={5: Work(fwd_s=0.039, bwd_s=0.078, opt_s=0.013)})
 """Rank 5 (nid005530, local rank 1) does 30 % more work per step."""
+CROWDED = Job(work={5: Work(fwd_s=0.039, bwd_s=0.078, opt_s=0.013, cpu_wait_s=0.02)})
+"""Rank 5 does the same 30 % more, because it waits 20 ms per step for a CPU core: another
+process shares its cores (the launcher beside a CPU rank, too many loader workers)."""
 STARVED = Job(work={2: Work(data_s=0.08)}, gpu_idle={2: 0.4}, rank_cpu={2: (290.0, 3)})
 """Rank 2 (nid005529) waits 80 ms per step for data; its GPU reads idle 4 s in 10; its
 loader's 3 processes keep 97 % of a core busy each."""
@@ -42,6 +45,11 @@ def report_of(tmp_path: Path, job: Job, **parts: bool) -> Report:
 @pytest.mark.parametrize(("job", "topic", "rank", "node", "words"), [
     (Job(), None, None, None, "no problem found"),
     (SLOW, "slow-rank", 5, AMD_NODE, "rank 5 on nid005530 is 30 % slower than the median"),
+    (CROWDED, "cpu-contention", 5, AMD_NODE,
+     "rank 5 on nid005530 is 30 % slower than the median of the others (130 ms of compute per step, "
+     "the others 100 ms) because it waited for a CPU core 20 ms per step (the others 0 ms)"),
+    (Job(work={5: Work(fwd_s=0.039, bwd_s=0.078, opt_s=0.013, cpu_wait_s=0.014)}), "slow-rank", 5, AMD_NODE,
+     "rank 5 on nid005530 is 30 % slower"),  # waiting explains under half of its 30 ms
     (STARVED, "data", 2, NVIDIA_NODE, "rank 2 on nid005529: GPU 2 idle 42 % of the time waiting for data"),
     (CHATTY, "communication", None, None, "communication is 43 % of the step (80 ms of 185 ms)"),
 ])

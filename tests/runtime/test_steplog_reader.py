@@ -11,7 +11,7 @@ import pytest
 
 from scalerun.rundir import append_jsonl, read_jsonl, step_log_path
 from scalerun.runtime import steplog_reader as keys
-from scalerun.runtime.steplog import CpuMarks, StepLog
+from scalerun.runtime.steplog import CpuMarks, RunQueueWait, StepLog
 from scalerun.runtime.steplog_reader import (
     end_record,
     final_scalars,
@@ -32,7 +32,7 @@ META = {"rank": 0, "world_size": 2, "local_rank": 0, "node": "node0", "start": S
 DATA_S, FWD_S, BWD_S, COMM_S, OPT_S = 0.125, 0.25, 0.5, 0.25, 0.125
 SAMPLES = 8
 STEP_KEYS = {keys.KIND, keys.STEP, keys.T, keys.DT, keys.DATA_S, keys.FWD_S, keys.BWD_S,
-             keys.OPT_S, keys.COMM_S, keys.SAMPLES, keys.SCALARS}
+             keys.OPT_S, keys.COMM_S, keys.CPU_WAIT_S, keys.SAMPLES, keys.SCALARS}
 
 
 class ClockMarks(CpuMarks):
@@ -291,3 +291,34 @@ def test_scalerun_loader_times_the_data_of_a_hooked_loop(tmp_path: Path) -> None
 ])
 def test_not_measured(meta: dict, expected: dict) -> None:
     assert keys.not_measured(meta) == expected
+
+
+def test_each_step_records_the_cpu_wait_since_the_step_before(tmp_path: Path) -> None:
+    """``cpu_wait_s``: seconds waited for a CPU core since the previous step ended (the
+    first step: since the log opened), as ``dt`` is for the wall time; null from the step
+    where the kernel stops saying."""
+    clock, path = FakeClock(START), tmp_path / "rank-0.jsonl"
+    waited = iter([2.0, 2.0, 2.25, 3.0, None])  # as the log opens, then as each step ends
+    log = StepLog(path, META, marks=ClockMarks(clock), clock=clock, flush_every_s=1e9,
+                  cpu_waited=lambda: next(waited))
+    for step in range(1, 5):
+        log.begin("fwd")
+        clock.now += 1.0
+        log.end("fwd")
+        log.end_step(step)
+    log.close()
+    assert [s[keys.CPU_WAIT_S] for s in read_step_log(path)[1]] == [0.0, 0.25, 0.75, None]
+
+
+def test_the_run_queue_delay_is_the_second_field_of_schedstat(tmp_path: Path) -> None:
+    recorded = tmp_path / "schedstat"
+    recorded.write_text("533932138 3353779 70\n")  # run ns, run-queue wait ns, time slices
+    assert RunQueueWait(str(recorded))() == pytest.approx(0.003353779)
+    missing = RunQueueWait(str(tmp_path / "none"))
+    assert missing() is None
+    recorded.rename(tmp_path / "none")
+    assert missing() is None  # a kernel that does not say is not asked again each step
+    if sys.platform == "linux":  # this thread's own: a number that only grows
+        own = RunQueueWait()
+        first = own()
+        assert first is not None and 0.0 <= first <= (own() or 0.0)

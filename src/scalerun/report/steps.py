@@ -81,6 +81,9 @@ class StepStats:
     own_spread_s: float = 0.0
     """How much the rank's own time varies from step to step: the interquartile range over
     the steady steps (a rank on cores other processes share varies by a third or more)."""
+    cpu_wait_s: float | None = None
+    """Median seconds per steady step the rank waited for a CPU core (the step log's
+    ``cpu_wait_s``); None where at least half the steady steps do not say."""
 
 
 def warmup_for(count: int, wanted: int) -> int:
@@ -105,9 +108,15 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
         step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
         data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
         comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=_median(own_values),
-        own_basis=basis, own_spread_s=interquartile(own_values),
+        own_basis=basis, own_spread_s=interquartile(own_values), cpu_wait_s=cpu_wait(steady),
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
         window=(end - span, end))
+
+
+def cpu_wait(records: Sequence[Record]) -> float | None:
+    """Median seconds per step waited for a CPU core; None unless half the steps say."""
+    waits = [w for w in (json_number(r.get(keys.CPU_WAIT_S)) for r in records) if w is not None]
+    return statistics.median(waits) if waits and 2 * len(waits) >= len(records) else None
 
 
 def own_times(records: Sequence[Record]) -> tuple[list[float], str]:

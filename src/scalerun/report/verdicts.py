@@ -53,6 +53,12 @@ SLOW_RANK_STEP_SHARE = 0.05
 """...and only when the difference is 5 % of the step or more: a rank 44 % slower in
 0.3 ms of forward in a 12 ms step holds the step back by 1 %, which a loaded node's
 scheduler does to any rank (issue 29 saw such a false verdict in 5 of 15 launches)."""
+CONTENTION_SHARE = 0.5
+"""A slow rank whose extra wait for a CPU core (its run-queue delay per step over the
+others' median) is half its extra work per step or more is slowed by what shares its cores
+(the launcher, loader workers, another job, too many threads), not by its device or node,
+and is named for that: on 2 ranks of a 2-core VM, rank 0 shares a core with the launcher
+and was named a straggler in 1 of 80 launches (benchmarks/false_verdicts.py)."""
 COMM_SHARE = 0.30
 """Communication over 30 % of the step: past this, adding ranks buys little (parallel
 efficiency under about 70 %), and a larger batch or a better network is worth more."""
@@ -243,6 +249,7 @@ def slow_ranks(ranks: Sequence[RankReport]) -> list[Verdict]:
     if len(own) < 2:
         return []
     spread = {r.rank: r.steps.own_spread_s for r in ranks if r.rank in own and r.steps is not None}
+    waits = {r.rank: r.steps.cpu_wait_s for r in ranks if r.rank in own and r.steps is not None}
     found = []
     for report in (r for r in ranks if r.rank in own):
         assert report.steps is not None
@@ -252,13 +259,29 @@ def slow_ranks(ranks: Sequence[RankReport]) -> list[Verdict]:
         noise = max(spread[report.rank], statistics.median(spread[rank] for rank in own if rank != report.rank))
         if (gap >= SLOW_RANK_SHARE * others and gap >= SLOW_RANK_STEP_SHARE * step
                 and gap > SLOW_RANK_NOISE * noise and gap >= SLOW_RANK_MIN_GAP_S):
-            found.append(slow_rank(report, others))
+            others_wait = [w for rank, w in waits.items() if rank != report.rank and w is not None]
+            found.append(slow_rank(report, others, statistics.median(others_wait) if others_wait else None))
     return found
 
 
-def slow_rank(rank: RankReport, others: float) -> Verdict:
+def slow_rank(rank: RankReport, others: float, others_wait: float | None = None) -> Verdict:
+    """A straggler, or, where waiting for a CPU core explains the difference, a rank its
+    neighbours on the cores slow down (:data:`CONTENTION_SHARE`)."""
     stats = rank.steps
     assert stats is not None
+    waited = stats.cpu_wait_s
+    if waited is not None and others_wait is not None and waited - others_wait >= CONTENTION_SHARE * (
+            stats.own_s - others):
+        return Verdict(
+            "cpu-contention", "warn",
+            f"{rank.where} is {pct(stats.own_s / others - 1)} slower than the median of the others "
+            f"({seconds(stats.own_s)} of {stats.own_basis} per step, the others {seconds(others)}) because "
+            f"it waited for a CPU core {seconds(waited)} per step (the others {seconds(others_wait)}): "
+            "other processes or threads share its cores",
+            "give each rank cores of its own: leave cores for the launcher and the loader workers "
+            "(fewer ranks or --num-workers per node), keep OMP_NUM_THREADS within the rank's cores, "
+            f"and look at `top -H` on {rank.node or 'its node'} for what else runs there",
+            (stats.own_s - others) / max(stats.step_s, 1e-9), rank.rank, rank.node, _gpu(rank))
     return Verdict(
         "slow-rank", "warn",
         f"{rank.where} is {pct(stats.own_s / others - 1)} slower than the median of the others "

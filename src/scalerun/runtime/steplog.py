@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import numbers
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,34 @@ class CudaMarks:
         self.torch.cuda.synchronize()
 
 
+class RunQueueWait:
+    """Seconds the thread that ends the steps has waited for a CPU core: the kernel's
+    run-queue delay, the second field of ``/proc/thread-self/schedstat``.
+
+    Why: a rank whose cores other processes share (the launcher, loader workers, another
+    job, more threads than cores) is slower in every phase, and its step times alone look
+    like a slow GPU or a slow node. The time it spent runnable but not running tells the two
+    apart (issue 29: a rank sharing its core with the launcher was named a straggler).
+    One ``pread`` of an open file: about 3 us a step. None where the kernel keeps no such
+    count (not Linux, a kernel without scheduler statistics)."""
+
+    def __init__(self, path: str = "/proc/thread-self/schedstat") -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._unknown = False
+
+    def __call__(self) -> float | None:
+        if self._unknown:
+            return None
+        try:
+            if self._fd is None:  # opened by the first caller's thread, and read for it after
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            self._unknown = True
+            return None
+
+
 @dataclass
 class PendingStep:
     """One step's marks, waiting until the device has run them."""
@@ -81,6 +110,7 @@ class PendingStep:
     scalars: dict[str, Any]
     spans: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
     comm: list[tuple[Any, Any]] = field(default_factory=list)
+    cpu_wait_s: float | None = None
 
     def last_mark(self) -> Any:
         ends = [end for spans in self.spans.values() for _, end in spans] + [e for _, e in self.comm]
@@ -92,7 +122,8 @@ class StepLog:
 
     def __init__(self, path: Path, meta: Mapping[str, Any], *, marks: CpuMarks | CudaMarks,
                  flush_every_s: float = keys.FLUSH_EVERY_S, clock: Callable[[], float] = time.time,
-                 sink: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+                 sink: Callable[[list[dict[str, Any]]], None] | None = None,
+                 cpu_waited: Callable[[], float | None] | None = None) -> None:
         self.path = path
         self.meta = dict(meta)
         self.marks = marks
@@ -124,6 +155,10 @@ class StepLog:
         self.loop: str | None = None
         """Who ends the steps (``steplog_reader.LOOP_*``): the first to claim the log."""
         self._data_seen = False
+        self.cpu_waited = cpu_waited if cpu_waited is not None else RunQueueWait()
+        """Seconds waited for a CPU so far (:class:`RunQueueWait`); a step records the
+        difference since the previous step ended, as ``dt`` does for the wall time."""
+        self._cpu_waited_before = self.cpu_waited()
 
     def _fresh(self) -> dict[str, Any]:
         return {"data_s": 0.0, "samples": 0, "spans": {}, "comm": [], "scalars": {}, "active": False}
@@ -184,9 +219,16 @@ class StepLog:
         self._closing = PendingStep(
             step=step, wall_end=self.clock(), data_s=current["data_s"],
             samples=current["samples"] or None, scalars=current["scalars"],
-            spans=current["spans"], comm=current["comm"])
+            spans=current["spans"], comm=current["comm"], cpu_wait_s=self._cpu_wait_since_last())
         if self.clock() - self._last_flush >= self.flush_every_s:
             self.flush()
+
+    def _cpu_wait_since_last(self) -> float | None:
+        """Seconds waited for a CPU since the previous step ended (the first: since the log
+        opened); None where the kernel does not say."""
+        before, now = self._cpu_waited_before, self.cpu_waited()
+        self._cpu_waited_before = now
+        return max(0.0, now - before) if now is not None and before is not None else None
 
     def _settle(self) -> None:
         """The next step has begun: the last one takes no more scalars."""
@@ -243,6 +285,7 @@ class StepLog:
             record[keys.COMM_S] = round(comm_seconds(pending.comm, seconds), 6)
         else:
             record[keys.COMM_S] = 0.0 if self.alone else None
+        record[keys.CPU_WAIT_S] = round(pending.cpu_wait_s, 6) if pending.cpu_wait_s is not None else None
         record[keys.SAMPLES] = pending.samples
         record[keys.SCALARS] = {name: as_number(value) for name, value in pending.scalars.items()}
         return record

@@ -15,8 +15,8 @@ few times a minute): a first meta line, then one step line per optimizer step::
      "loop": "wrap", "not_measured": {},
      "strategy": "ddp", "params": 1000000, "grad_bytes": 4000000, "accumulation": 1}
     {"kind": "step", "step": 1, "t": 1718000010.2, "fwd_s": 0.03, "bwd_s": 0.06,
-     "opt_s": 0.01, "data_s": 0.005, "comm_s": 0.012, "samples": 32,
-     "scalars": {"loss": 2.31}, "dt": 10.2}
+     "opt_s": 0.01, "data_s": 0.005, "comm_s": 0.012, "cpu_wait_s": 0.0004,
+     "samples": 32, "scalars": {"loss": 2.31}, "dt": 10.2}
 
 A rank that ends cleanly appends ``{"kind": "end", "t": ..., "peak_rss_mb": 812.4,
 "peak_gpu_mb": null}`` (its peak memory: ``scalerun tune`` reports it).
@@ -26,7 +26,8 @@ Times are seconds; ``t`` and ``start`` are Unix times, ``t`` at the end of the s
 Unknown values are ``null``: a phase the loop never marked, ``data_s`` where nothing
 scalerun owns fed the loop (no ``scalerun.loader``, no ``wrap()`` with its optimizer),
 ``comm_s`` where the strategy does not time its collectives (``0.0`` when there is nothing
-to communicate), ``samples`` where none were counted. The meta keys after ``version``
+to communicate), ``samples`` where none were counted, ``cpu_wait_s`` where the kernel does
+not count the time a thread waits for a core. The meta keys after ``version``
 arrive once the model is wrapped or the first step is logged; any may be missing in a
 log written by an older scalerun.
 
@@ -124,12 +125,16 @@ FWD_S = "fwd_s"
 BWD_S = "bwd_s"
 OPT_S = "opt_s"
 COMM_S = "comm_s"
+CPU_WAIT_S = "cpu_wait_s"
+"""Seconds the thread that ends the steps waited for a CPU core since the previous step
+ended (the kernel's run-queue delay): other processes or threads on the rank's cores; null
+where the kernel does not say (not Linux) and in logs older than this key."""
 SAMPLES = "samples"
 SCALARS = "scalars"
 PHASE_KEYS = {"fwd": FWD_S, "bwd": BWD_S, "opt": OPT_S}
 """The writer's phase names (``StepLog.begin("fwd")``) and the keys of their seconds."""
 WORK_KEYS = tuple(PHASE_KEYS.values())
-TIMINGS = (DT, DATA_S, FWD_S, BWD_S, OPT_S, COMM_S)
+TIMINGS = (DT, DATA_S, FWD_S, BWD_S, OPT_S, COMM_S, CPU_WAIT_S)
 """Every key that holds seconds of a step."""
 
 Record = Mapping[str, Any]
