@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -239,9 +240,27 @@ def test_the_message_names_the_ranks_that_were_not_in_a_collective(tmp_path, ran
     for rank, collective in ranks.items():
         stack_file(tmp_path, rank, collective=collective)
     lines = launch_hang.hang_lines(tmp_path)
-    assert len(lines) == 2
-    assert first in lines[0] and second in lines[1]
-    assert str(tmp_path / "stacks") in lines[1]
+    assert len(lines) == 3
+    assert first in lines[0] and second in lines[2]
+    assert str(tmp_path / "stacks") in lines[2]
+    assert lines[1].startswith("collectives: no rank dumped torch's flight recorder (a torch without it, "
+                               "TORCH_FR_BUFFER_SIZE=0, or ranks that never imported torch)"), lines
+
+
+def test_the_flight_recorders_dumps_name_the_collective_and_the_culprit(tmp_path):
+    """Issue 30: the ranks' dumps (real ones: rank 2 skipped an all_reduce) say which
+    collective, of which group, and who; a dump that cannot be read is named."""
+    for rank in range(4):
+        stack_file(tmp_path, rank, collective=None if rank == 2 else ALLREDUCE)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "flight" / "skip", tmp_path / "fr")
+    (tmp_path / "fr" / "rank-3.json").write_text("{")
+    lines = launch_hang.hang_lines(tmp_path)
+    assert lines[1:3] == [
+        "collectives: the default group (ranks 0-3), sequence 4 (all_reduce [[4]] Float): rank 2 never entered "
+        "it (its last was sequence 3): it skipped it, or is still working before it (the stacks say where)",
+        "collectives: rank-3.json skipped: JSONDecodeError: Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)"], lines
+    assert lines[3].startswith("stacks of ranks 0-3")
 
 
 def test_only_this_launchs_latest_hang_is_reported(tmp_path):
@@ -384,8 +403,15 @@ def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
     after = time.time() - (run / "stacks" / "rank-1.txt").stat().st_mtime
     assert elapsed < 120 and after < 30, f"the job took {elapsed:.0f} s, {after:.0f} s after the stacks"
     assert sorted(p.name for p in (run / "stacks").glob("rank-*.txt")) == ["rank-0.txt", "rank-1.txt"]
-    first, second = done.stderr.strip().splitlines()[-2:]
+    first, collectives, second = done.stderr.strip().splitlines()[-3:]
     assert first.startswith("scalerun launch: error: hang: no progress for 10 s")
+    # torch's flight recorder, dumped by each rank's watchdog and lined up (issue 30): the
+    # gradient all-reduce rank 1 never entered, as it slept before it
+    assert re.fullmatch(r"scalerun launch: collectives: the default group \(ranks 0-1\), sequence (\d+) "
+                        r"\(all_reduce \[\[10\]\] Float\): rank 1 never entered it \(its last was sequence "
+                        r"(\d+)\): it skipped it, or is still working before it \(the stacks say where\)",
+                        collectives), collectives
+    assert sorted(p.name for p in (run / "fr").glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
     assert "rank 0 waited in a collective (gradient all-reduce in backward" in first
     assert "rank 1 did not (at hanging.py:8 in <module>), usually the cause" in first
     assert f"{run / 'stacks'}/ (start with rank-1.txt)" in second

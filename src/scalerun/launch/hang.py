@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun import strict_json
+from scalerun.report import flight
 from scalerun.rundir import STACKS
 from scalerun.runtime.stacks import HEADER_PREFIX
 from scalerun.topology.cpulist import format_cpulist
@@ -94,8 +95,26 @@ def hang_lines(run_dir: Path, since: float | None = None) -> list[str]:
     if missing:
         line += f"; no stacks from {ranks(missing)}"
     suspects = elsewhere or stacks
-    return [line, f"stacks of {ranks(s.rank for s in stacks)} in {run_dir / STACKS}/ "
-                  f"(start with rank-{suspects[0].rank}.txt)"]
+    return [line, *collective_lines(run_dir, since, world),
+            f"stacks of {ranks(s.rank for s in stacks)} in {run_dir / STACKS}/ "
+            f"(start with rank-{suspects[0].rank}.txt)"]
+
+
+MAX_FINDINGS = 3
+
+
+def collective_lines(run_dir: Path, since: float | None, world_size: int) -> list[str]:
+    """What torch's flight recorder says of the hang, a line per group that went wrong
+    (issue 30); one line saying what is missing where no rank could dump it."""
+    if not flight.has_dumps(run_dir, since):
+        return ["collectives: no rank dumped torch's flight recorder (a torch without it, "
+                "TORCH_FR_BUFFER_SIZE=0, or ranks that never imported torch): the stacks are all there is"]
+    found, notes = flight.analyse(run_dir, since, world_size)
+    lines = [f"collectives: {finding.line()}" for finding in found[:MAX_FINDINGS]]
+    if not found:
+        lines.append("collectives: every collective the flight recorder holds completed on every rank "
+                     "that entered it: the ranks wait outside torch's collectives")
+    return lines + [f"collectives: {note}" for note in notes[:MAX_FINDINGS]]
 
 
 def verdict(waiting: list[RankStacks], elsewhere: list[RankStacks]) -> str:

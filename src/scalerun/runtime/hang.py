@@ -213,6 +213,7 @@ class Watchdog:
     def __init__(self, *, rank: int, world_size: int, timeout_s: float, run_dir: Path | None,
                  environ: Mapping[str, str] | None = None, grace_s: float = GRACE_S) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.run_dir = run_dir
         self.stacks = None if run_dir is None else run_dir / variables.STACKS_DIR
         self.environ = dict(os.environ if environ is None else environ)
         self.grace_s = grace_s
@@ -240,7 +241,10 @@ class Watchdog:
                 self.trip(trigger)
 
     def trip(self, trigger: int) -> None:
-        """Write the stacks, tell the others, wait for their stacks, end the rank."""
+        """Dump the collectives, write the stacks, tell the others, wait for their stacks,
+        end the rank."""
+        if self.run_dir is not None:
+            dump_collectives(self.run_dir / variables.FLIGHT_DIR, self.rank)
         frames = main_thread_frames()
         last = _progress.last
         idle = time.monotonic() - last if last is not None else time.time() - self.started
@@ -269,6 +273,35 @@ class Watchdog:
         sys.stderr.write(header)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         return "the lines above (no run directory)"
+
+
+DUMP_TIMEOUT_S = 5.0
+"""How long a hung rank gives torch to dump its flight recorder."""
+
+
+def dump_collectives(folder: Path, rank: int, timeout_s: float = DUMP_TIMEOUT_S) -> None:
+    """torch's flight recorder of this rank to ``folder/rank-<R>.json`` (issue 30): every
+    recent collective of each of its process groups, which the launcher lines up with the
+    other ranks' (:mod:`scalerun.report.flight`). The JSON dump, never the pickle. Torch is
+    not imported here: a rank that never imported it has no collectives. In a thread
+    given up after ``timeout_s``: a dump that waits for a lock the hung collective holds
+    must not keep the rank alive. Nothing is written where torch has no recorder."""
+    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
+    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return
+
+    def write() -> None:
+        from scalerun.files import write_text_atomic
+
+        with contextlib.suppress(Exception):
+            text = dump().decode("utf-8", errors="replace")
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(folder / f"rank-{rank}.json", text)
+
+    writer = threading.Thread(target=write, name="scalerun-hang-flight-recorder", daemon=True)
+    writer.start()
+    writer.join(timeout_s)
 
 
 def rank_line(report: Mapping[str, Any], where: str) -> str:
