@@ -385,6 +385,58 @@ HANGING = """
 """
 
 
+PLAIN_HANGING = """
+    import time, torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10_000):
+        if dist.get_rank() == 1 and step == 3:
+            time.sleep(600)  # rank 1 stops stepping; rank 0 waits in DDP's gradient all-reduce
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+"""
+
+
+def test_a_script_without_scalerun_that_hangs_is_ended_and_its_collective_named(tmp_path):
+    """Issue 30, item 0: the watchdog arms in every rank through the boot path, judged
+    by the optimizer steps the hooks see; a loader worker the rank spawns gets none."""
+    script = tmp_path / "plain_hanging.py"
+    script.write_text(textwrap.dedent(PLAIN_HANGING))
+    run = tmp_path / "run"
+    done = subprocess.run([*SCALERUN, "launch", "--nproc-per-node", "2", "--hang-timeout", "10",
+                           "--no-monitor", "--run-dir", str(run), str(script)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == hang.HANG_EXIT_CODE, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("scalerun launch: ")]
+    assert any(line.startswith("scalerun launch: error: hang: no progress for 10 s") and
+               "rank 1 did not (at plain_hanging.py:10 in <module>), usually the cause" in line
+               for line in lines), lines
+    assert any(line.startswith("scalerun launch: collectives: the default group (ranks 0-1), sequence ") and
+               "rank 1 never entered it" in line for line in lines), lines
+    assert header(run / "stacks" / "rank-1.txt")["step"] == 3
+
+
+def test_the_watchdog_arms_once_per_rank_and_never_outside_one(monkeypatch):
+    """A process the rank started inherits the rank's pid and starts none; the warm
+    starter (no RANK) starts none."""
+    from scalerun.runtime import autoarm
+
+    started = []
+    monkeypatch.setattr(hang, "start", lambda *args: started.append(args))
+    env = {"SCALERUN_HANG_TIMEOUT": "30", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "2", "SCALERUN_RUN_DIR": "/run"}
+    autoarm.watch_for_hangs({k: v for k, v in env.items() if k != "RANK"})
+    assert started == []
+    autoarm.watch_for_hangs(env)
+    assert started == [(1, 2, 30.0, Path("/run"))] and env["SCALERUN_WATCHDOG_PID"] == str(os.getpid())
+    autoarm.watch_for_hangs({**env, "SCALERUN_WATCHDOG_PID": "1"})  # the rank's child
+    assert len(started) == 1
+
+
 def test_a_hung_rank_ends_the_job_with_stacks_and_is_named(tmp_path):
     script = tmp_path / "hanging.py"
     script.write_text(textwrap.dedent(HANGING))

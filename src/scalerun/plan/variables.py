@@ -111,6 +111,10 @@ STORE_FD = "SCALERUN_STORE_FD"
 ``MASTER_ADDR:MASTER_PORT``, that rank 0 serves the rendezvous store on. A one-node launch
 without torch elastic's agent holds the port from the moment it picks it until rank 0
 listens (``launch/local/direct.py``, ``runtime/store.py``)."""
+WATCHDOG_PID = "SCALERUN_WATCHDOG_PID"
+"""Set by a rank, never by a user: the pid of the process whose hang watchdog watches
+this rank. A process it starts later (a spawned loader worker, which imports torch too)
+inherits it and starts no watchdog of its own: one rank, one watchdog, one stack file."""
 STARTER_FD = "SCALERUN_STARTER_FD"
 """Set by the launcher for its warm starter, never by a user: the number of the inherited
 Unix socket the starter takes its ranks from (``launch/local/wire.py``)."""

@@ -21,7 +21,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +109,40 @@ def after_torch() -> None:
     hooks, and rank 0's rendezvous store on the ranks' address only
     (:func:`scalerun.runtime.store.bind_env_store`). Never raises."""
     arm_quietly()
+    watch_for_hangs()
     try:
         from scalerun.runtime.store import bind_env_store
 
         bind_env_store()
     except Exception as error:  # noqa: BLE001 - the user's script must start regardless
         print(f"scalerun: rank 0's store keeps torch's own address ({type(error).__name__}: {error})",
+              file=sys.stderr, flush=True)
+
+
+def watch_for_hangs(environ: MutableMapping[str, str] | None = None) -> None:
+    """The hang watchdog in a rank whose script never calls ``scalerun.init()`` (issue 30):
+    judged from its first optimizer step on (the step hooks report each), it dumps the
+    stacks and the flight recorder and ends the rank as under ``init()``, which starts it
+    again in a script that calls it. Not in a process the rank started (a spawned loader
+    worker imports torch too): :data:`~scalerun.plan.variables.WATCHDOG_PID` names the
+    watched one; nor in one without a ``RANK`` (every launcher gives its ranks one, the
+    warm starter has none). Never raises."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env or env.get(variables.WATCHDOG_PID, str(os.getpid())) != str(os.getpid()):
+        return  # not a rank (the warm starter, a tool), or a process a rank started
+    try:
+        from scalerun import placement
+        from scalerun.rundir import run_dir_from
+        from scalerun.runtime import hang
+
+        timeout_s = hang.timeout_from_env(env)
+        if timeout_s is None:
+            return
+        where = placement.detect(env)
+        hang.start(where.rank, where.world_size, timeout_s, run_dir_from(env))
+        env[variables.WATCHDOG_PID] = str(os.getpid())
+    except Exception as error:  # noqa: BLE001 - the user's script must start regardless
+        print(f"scalerun: no hang watchdog in this rank ({type(error).__name__}: {error})",
               file=sys.stderr, flush=True)
 
 
