@@ -6,6 +6,7 @@ fault is named with its group, sequence number, op and culprit ranks."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -75,3 +76,29 @@ def test_a_rank_without_a_dump_is_not_judged_and_is_said(tmp_path: Path) -> None
     found, notes = analyse(run, world_size=4)
     assert notes == ["no dump from rank 3: not judged (killed before its watchdog tripped, or no run directory)"]
     assert [(f.members, f.culprits) for f in found] == [((0, 1, 2, 3), (2,))]
+
+
+def test_the_report_names_the_collective_first_and_lines_the_ranks_up(tmp_path: Path) -> None:
+    """``scalerun report`` on a hung run's directory, whoever launched it: the finding is
+    the first verdict (with the culprit's rank), and a section shows each rank's last
+    collective per group side by side; ``--json`` carries the same."""
+    from scalerun.report import build_report, load_run
+    from scalerun.report.jsonout import report_json
+    from scalerun.report.render import COLLECTIVES, report_sections
+
+    run = run_with(tmp_path, "subgroup")
+    (run / "run.json").write_text(json.dumps({"launcher": "local", "nproc_per_node": 4}))
+    report = build_report(load_run(run))
+    first = report.verdicts[0]
+    assert (first.topic, first.rank) == ("collective", 0) and first.message.startswith(
+        "hang in the default group (ranks 0-3), sequence 4"), report.verdicts
+    assert [v.rank for v in report.verdicts if v.topic == "collective"] == [0, 1]
+    (section,) = [s for s in report_sections(report) if s.title == COLLECTIVES]
+    headers, rows = section.table
+    assert headers == ["rank", "group", "last sequence entered", "collective", "completed"]
+    assert ["0", "1", "2", "all_reduce [[4]] Float", "no"] in rows and ["2", "0", "4", "all_reduce [[4]] Float",
+                                                                       "no"] in rows
+    data = json.loads(json.dumps(report_json(report)))["collectives"]
+    assert [f["culprits"] for f in data["findings"]] == [[0], [1]]
+    assert {"rank": 1, "group": "0", "last_seq": 4, "collective": "all_reduce [[4]] Float",
+            "completed": False} in data["ranks"]

@@ -418,6 +418,9 @@ def test_a_script_without_scalerun_that_hangs_is_ended_and_its_collective_named(
     assert any(line.startswith("scalerun launch: collectives: the default group (ranks 0-1), sequence ") and
                "rank 1 never entered it" in line for line in lines), lines
     assert header(run / "stacks" / "rank-1.txt")["step"] == 3
+    (event,) = [e for e in read_events(run) if e.kind == "hang"]  # the report's timeline has it
+    assert event.message.startswith("hang: no progress for 10 s")
+    assert "rank 1 never entered it" in event.details["collectives"][0], event
 
 
 def test_the_watchdog_arms_once_per_rank_and_never_outside_one(monkeypatch):

@@ -277,8 +277,18 @@ def failure_lines(code: int, failure: str | None, run_dir: Path, since: float) -
     ended_by_watchdog = code == HANG_EXIT_CODE or f"exit code {HANG_EXIT_CODE}" in (failure or "")
     hang = hang_lines(run_dir, since) if failure and ended_by_watchdog else []
     if hang:
+        record_hang(run_dir, hang)
         return [f"scalerun launch: error: {hang[0]}", *(f"scalerun launch: {line}" for line in hang[1:])]
     return [failure] if failure else []
+
+
+def record_hang(run_dir: Path, lines: list[str]) -> None:
+    """The hang into ``events.jsonl`` (the report's timeline), with what the flight recorder
+    said of its collectives."""
+    from scalerun.events import Event, append_event
+
+    collectives = [line.removeprefix("collectives: ") for line in lines if line.startswith("collectives: ")]
+    append_event(run_dir, Event(kind="hang", message=lines[0], details={"collectives": collectives}))
 
 
 def closing_summary(run_dir: Path, ended: str | None = None, since: float = 0.0) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from scalerun.report import flight
 from scalerun.report.gpus import GpuStats, Window, run_gpus
 from scalerun.report.load import RunData
 from scalerun.report.model import RankReport, Report
@@ -41,15 +42,17 @@ def build_report(data: RunData, warmup_steps: int = WARMUP_STEPS) -> Report:
     steps = run_steps(stats, world_size(data))
     gpus = run_gpus([(series, node.gpus, windows.get(name, run_window))
                      for name, (node, series) in loaded.items()])
+    collectives = flight.collectives(data.run_dir, world_size(data))
     return Report(
         run_dir=data.run_dir, run_info=data.run_info, warmup_steps=warmup_steps, ranks=ranks,
         nodes=tuple(nodes.values()), steps=steps, gpus=gpus,
         verdicts=tuple(find_verdicts(ranks, list(nodes.values()), steps, data.events,
-                                     {rank: log.meta for rank, log in data.ranks.items()}, data.run_info)),
+                                     {rank: log.meta for rank, log in data.ranks.items()}, data.run_info,
+                                     collectives)),
         notes=tuple(report_notes(data, ranks, stats, warmup_steps)), events=data.events,
         scalars=tuple(scalar_summaries(scalar_series(
             {rank: log.steps for rank, log in data.ranks.items()}, start))), start=start,
-        not_measured=run_not_measured(data))
+        not_measured=run_not_measured(data), collectives=collectives)
 
 
 def time_origin(data: RunData) -> float:

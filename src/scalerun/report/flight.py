@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun.plan.variables import FLIGHT_DIR
-from scalerun.report.verdicts import spans
+from scalerun.topology.cpulist import format_cpulist as spans
 
 FR_DIR = FLIGHT_DIR
 """The dumps' folder in the run directory: ``rank-<R>.json``, one per rank."""
@@ -213,3 +213,28 @@ def analyse(run_dir: Path, since: float | None = None,
 def has_dumps(run_dir: Path, since: float | None = None) -> bool:
     """Whether any rank dumped its recorder (at or after ``since``)."""
     return any(since is None or path.stat().st_mtime >= since for path in (run_dir / FR_DIR).glob("rank-*.json"))
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """What the report shows of a hang's collectives: the findings, each dumped rank's
+    place in each of its groups side by side, and the notes on dumps left out."""
+
+    findings: tuple[Finding, ...]
+    rows: tuple[tuple[int, str, int, str, bool], ...]
+    """(rank, group, last sequence it entered, that collective's signature, completed)."""
+    notes: tuple[str, ...]
+
+
+def collectives(run_dir: Path, world_size: int | None = None) -> Collectives | None:
+    """The report's record of the run's latest hang dumps; None where there are none."""
+    if not has_dumps(run_dir):
+        return None
+    dumps, _ = read_dumps(run_dir)
+    found, notes = analyse(run_dir, world_size=world_size)
+    rows = []
+    for dump in sorted(dumps, key=lambda d: d.rank):
+        for group in sorted({c.group for c in dump.calls}, key=lambda g: (g != DEFAULT_GROUP, g)):
+            last = max((c for c in dump.calls if c.group == group), key=lambda c: c.seq)
+            rows.append((dump.rank, group, last.seq, last.signature, last.done))
+    return Collectives(tuple(found), tuple(rows), tuple(notes))

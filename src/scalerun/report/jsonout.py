@@ -31,9 +31,21 @@ def report_json(report: Report, files: dict[str, Any] | None = None) -> dict[str
         "notes": list(report.notes),
         "scalars": [asdict(s) for s in report.scalars],
         "events": [e.record() for e in report.events],
+        "collectives": _collectives(report),
         "start": report.start,
         "files": files or {},
     }
+
+
+def _collectives(report: Report) -> dict[str, Any] | None:
+    """The flight recorder's findings at the hang and each rank's place (None: no dump)."""
+    found = report.collectives
+    if found is None:
+        return None
+    return {"findings": [{**asdict(f), "line": f.line()} for f in found.findings],
+            "ranks": [{"rank": rank, "group": group, "last_seq": seq, "collective": signature, "completed": done}
+                      for rank, group, seq, signature, done in found.rows],
+            "notes": list(found.notes)}
 
 
 def _with_shares(steps: dict[str, Any]) -> dict[str, Any]:

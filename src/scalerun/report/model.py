@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scalerun.events import Event
+from scalerun.report.flight import Collectives
 from scalerun.report.gpus import GpuStats, RunGpus
 from scalerun.report.nodes import NodeStats, RankProcesses
 from scalerun.report.series import ScalarSummary
@@ -85,6 +86,8 @@ class Report:
     """Every scalar the ranks logged (``scalerun.log``), in the order first logged."""
     start: float = 0.0
     """Unix time of the earliest record anywhere in the run: the charts' time zero."""
+    collectives: Collectives | None = None
+    """What torch's flight recorder said at the run's hang (``RUN_DIR/fr/``); None: no dump."""
     not_measured: dict[str, str] = field(default_factory=dict)
     """Step keys some rank's loop could not measure, and why (``data_s``: the loop is not
     scalerun's), from the step logs' meta lines."""

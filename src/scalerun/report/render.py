@@ -33,6 +33,7 @@ from scalerun.pages import (
     markdown_text,
     without_empty_columns,
 )
+from scalerun.report.flight import Collectives
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import Report
 from scalerun.report.nodes import RankProcesses
@@ -45,6 +46,7 @@ Picture = tuple[str, str, bytes]
 Pictures = Mapping[str, Sequence[Picture]]
 """Section title -> the pictures shown under it."""
 TRAINING, RANKS, TIMELINES, EVENTS = "Training", "Ranks", "Timelines", "Events"
+COLLECTIVES = "Collectives at the hang"
 BOLD = re.compile(r"\*\*([^*]+)\*\*")
 SEVERITY_WORDS = ("warn", "hint")
 
@@ -65,6 +67,8 @@ def report_sections(report: Report, extra_notes: Sequence[str] = ()) -> list[Sec
                                          "peak memory and energy over the whole record",),
                                 without_empty_columns(gpus_table(report))))
     notes = [*report.notes, *(f"{n.node}: {note}" for n in report.nodes for note in n.notes), *extra_notes]
+    if report.collectives is not None:
+        sections.append(collectives_section(report.collectives))
     sections.append(Section(TIMELINES, ()))
     sections.append(events_section(report))
     sections.append(Section("Run", run_lines(report)))
@@ -98,6 +102,17 @@ def events_section(report: Report) -> Section:
             for e in sorted(report.events, key=lambda e: e.t)]
     return Section(EVENTS, ("seconds since the run started; dashed lines on the charts",),
                    without_empty_columns((headers, rows)))
+
+
+def collectives_section(collectives: Collectives) -> Section:
+    """What torch's flight recorder said at the hang: the findings, then each rank's last
+    collective in each of its groups, side by side."""
+    lines = tuple(finding.line() for finding in collectives.findings) or (
+        "every collective the flight recorder holds completed on every rank that entered it",)
+    headers = ["rank", "group", "last sequence entered", "collective", "completed"]
+    rows = [[str(rank), group, str(seq), signature, "yes" if done else "no"]
+            for rank, group, seq, signature, done in collectives.rows]
+    return Section(COLLECTIVES, (*lines, *collectives.notes), (headers, rows))
 
 
 def _opt(value: int | None) -> str:

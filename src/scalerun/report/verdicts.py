@@ -19,6 +19,7 @@ from typing import Any
 
 from scalerun.events import Event
 from scalerun.monitor.straggler import MIN_GAP_S
+from scalerun.report.flight import Collectives
 from scalerun.report.gpus import GpuStats
 from scalerun.report.model import SEVERITY_ORDER, RankReport, Verdict
 from scalerun.report.nodes import NodeStats
@@ -85,10 +86,12 @@ MAX_PER_TOPIC = 3
 def find_verdicts(ranks: Sequence[RankReport], nodes: Sequence[NodeStats],
                   steps: RunSteps | None, events: Sequence[Event] = (),
                   metas: Mapping[int, Mapping[str, Any]] | None = None,
-                  run_info: Mapping[str, Any] | None = None) -> list[Verdict]:
+                  run_info: Mapping[str, Any] | None = None,
+                  collectives: Collectives | None = None) -> list[Verdict]:
     """Every verdict of the run, worst first. ``metas``: each rank's step-log meta line;
-    ``run_info``: what the launcher recorded (``run.json``)."""
-    found: list[Verdict] = event_verdicts(events, ranks)
+    ``run_info``: what the launcher recorded (``run.json``); ``collectives``: what torch's
+    flight recorder said at a hang."""
+    found: list[Verdict] = event_verdicts(events, ranks) + collective_verdicts(collectives)
     found += world_not_formed(metas or {}, steps.world_size if steps else None)
     if steps is not None:
         found += missing_ranks(steps, run_info) + stopped_early(ranks, steps)
@@ -144,6 +147,33 @@ def event_verdicts(events: Sequence[Event], ranks: Sequence[RankReport]) -> list
                              "read the launcher's output of the failed attempt (RUN_DIR/events.jsonl "
                              "has when)", 0.5))
     return found
+
+
+# -- the collectives at a hang -----------------------------------------------------
+
+HANG_COST = 3.0
+"""Above every other finding: the collective a hung run stopped in is how it ended."""
+COLLECTIVE_FIXES = {
+    "missing": "read the stacks of the ranks that never entered it (RUN_DIR/stacks/): every rank "
+               "must call the group's collectives in the same order (look for one under a rank "
+               "condition, an early exit, or a loop of another length)",
+    "extra": "the ranks named call one collective the others do not: look for one under a rank "
+             "condition, or a loop of another length",
+    "mismatch": "every rank must call the same op with the same sizes and dtypes at this point: "
+                "look for a shape that depends on the rank or its data",
+    "stuck": "every rank entered it and it never completed: check the network and the "
+             "transport (scalerun doctor, NCCL_DEBUG=INFO)",
+}
+
+
+def collective_verdicts(collectives: Collectives | None) -> list[Verdict]:
+    """One verdict per process group whose collectives the flight recorder shows going
+    wrong at the hang (:mod:`scalerun.report.flight`)."""
+    if collectives is None:
+        return []
+    return [Verdict("collective", "warn", f"hang in {finding.line()}", COLLECTIVE_FIXES[finding.kind],
+                    HANG_COST, finding.culprits[0] if len(finding.culprits) == 1 else None)
+            for finding in collectives.findings]
 
 
 # -- the world ---------------------------------------------------------------------
