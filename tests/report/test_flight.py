@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.report.flight import FR_DIR, analyse
+from scalerun.report.flight import FR_DIR, NOTHING_RECORDED, analyse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 
@@ -102,3 +102,13 @@ def test_the_report_names_the_collective_first_and_lines_the_ranks_up(tmp_path: 
     assert [f["culprits"] for f in data["findings"]] == [[0], [1]]
     assert {"rank": 1, "group": "0", "last_seq": 4, "collective": "all_reduce [[4]] Float",
             "completed": False} in data["ranks"]
+
+
+def test_a_recorder_that_was_turned_off_is_said_not_read_as_all_done(tmp_path: Path) -> None:
+    """``TORCH_FR_BUFFER_SIZE=0`` (the real dumps of such a run): nothing recorded is
+    never "every collective completed"."""
+    found, notes = analyse(run_with(tmp_path, "off"), world_size=2)
+    assert found == [] and notes == [NOTHING_RECORDED]
+    from scalerun.launch.hang import collective_lines
+
+    assert collective_lines(tmp_path, None, 2) == [f"collectives: {NOTHING_RECORDED}"]

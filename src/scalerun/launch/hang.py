@@ -111,7 +111,7 @@ def collective_lines(run_dir: Path, since: float | None, world_size: int) -> lis
                 "TORCH_FR_BUFFER_SIZE=0, or ranks that never imported torch): the stacks are all there is"]
     found, notes = flight.analyse(run_dir, since, world_size)
     lines = [f"collectives: {finding.line()}" for finding in found[:MAX_FINDINGS]]
-    if not found:
+    if not found and flight.NOTHING_RECORDED not in notes:
         lines.append("collectives: every collective the flight recorder holds completed on every rank "
                      "that entered it: the ranks wait outside torch's collectives")
     return lines + [f"collectives: {note}" for note in notes[:MAX_FINDINGS]]

@@ -43,6 +43,8 @@ from scalerun.topology.cpulist import format_cpulist as spans
 
 FR_DIR = FLIGHT_DIR
 """The dumps' folder in the run directory: ``rank-<R>.json``, one per rank."""
+NOTHING_RECORDED = ("the flight recorder held no collective in any rank's dump "
+                    "(TORCH_FR_BUFFER_SIZE=0 turns it off): the stacks are all there is")
 DEFAULT_GROUP = "0"
 """torch names the default (world) group ``0``."""
 
@@ -201,6 +203,8 @@ def analyse(run_dir: Path, since: float | None = None,
     """The findings of the run's dumps, and the notes on dumps that could not be read or
     are missing (with ``world_size``)."""
     dumps, notes = read_dumps(run_dir, since)
+    if dumps and not any(dump.calls for dump in dumps):
+        notes.append(NOTHING_RECORDED)
     if world_size and dumps:
         unread = {int(note.split(".", 1)[0].removeprefix("rank-")) for note in notes if note.startswith("rank-")}
         absent = sorted(set(range(world_size)) - {dump.rank for dump in dumps} - unread)
