@@ -536,9 +536,12 @@ def test_a_hang_on_slurm_is_explained_by_launch_wait(slurm_cluster, tmp_path):
                            "--hang-timeout", "10", "--no-check", "--wait", "--run-dir", str(run), str(script)],
                           cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    first, second = done.stderr.strip().splitlines()[-2:]
+    first, collectives, second = done.stderr.strip().splitlines()[-3:]
     assert re.search(r"job \d+ FAILED \(exit code \d+\): hang: no progress for 10 s", first), first
     assert "rank 0 waited in a collective" in first and "rank 1 did not" in first
+    # both nodes' ranks dumped their flight recorder into the shared run directory (issue 30)
+    assert collectives.startswith("scalerun launch: collectives: the default group (ranks 0-1), sequence ")
+    assert "rank 1 never entered it" in collectives, collectives
     assert second.endswith(f"{run / 'stacks'}/ (start with rank-1.txt)")
     log = next(run.glob("slurm-*.out")).read_text()
     assert "scalerun: hang: rank 1 made no progress" in log  # each rank says it in the job log
