@@ -137,3 +137,7 @@ def test_ranks_that_never_form_one_world_are_said_first(tmp_path: Path) -> None:
     assert said and "the 2 ranks never formed one world" in said[0], stderr
     first = verdicts[0]
     assert first["topic"] == "one-world" and "copies of one run" in first["message"], first
+    # the throughput is each copy's, not a sum over ranks that shared nothing
+    (throughput,) = [line for line in stderr.splitlines() if "throughput:" in line]
+    assert "samples/s each, 2 ranks each running the whole job alone (no one world" in throughput, throughput
+    assert "comm" not in throughput, throughput

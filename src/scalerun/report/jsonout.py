@@ -32,6 +32,7 @@ def report_json(report: Report, files: dict[str, Any] | None = None) -> dict[str
         "scalars": [asdict(s) for s in report.scalars],
         "events": [e.record() for e in report.events],
         "collectives": _collectives(report),
+        "not_measured": dict(report.not_measured),
         "start": report.start,
         "files": files or {},
     }

@@ -64,7 +64,8 @@ class StepStats:
     step_s: float
     """Mean seconds per steady step."""
     step_median_s: float
-    data_s: float
+    data_s: float | None
+    """None where no step measured it (a loop scalerun does not own)."""
     compute_s: float
     comm_s: float | None
     """None when the strategy did not measure communication."""
@@ -106,11 +107,17 @@ def rank_steps(records: Sequence[Record], wanted_warmup: int = WARMUP_STEPS) -> 
         steps=len(records), last_step=step_number(records[-1].get(keys.STEP)), warmup_steps=warmup,
         steady_steps=len(steady), step_s=parts["step_s"] or 0.0,
         step_median_s=statistics.median(json_number(r.get(keys.DT)) or 0.0 for r in steady),
-        data_s=parts["data_s"] or 0.0, compute_s=parts["compute_s"] or 0.0,
+        data_s=parts["data_s"] if measured(steady, keys.DATA_S) else None, compute_s=parts["compute_s"] or 0.0,
         comm_s=parts["comm_s"], other_s=parts["other_s"] or 0.0, own_s=_median(own_values),
         own_basis=basis, own_spread_s=interquartile(own_values), cpu_wait_s=cpu_wait(steady),
         samples=samples, samples_per_s=samples / span if samples and span > 0 else None,
         window=(end - span, end))
+
+
+def measured(records: Sequence[Record], key: str) -> bool:
+    """Whether any record holds a number under ``key``: a loop scalerun does not own
+    leaves ``data_s`` null, and the report says "not measured", never 0 (issue 29)."""
+    return any(json_number(r.get(key)) is not None for r in records)
 
 
 def cpu_wait(records: Sequence[Record]) -> float | None:
@@ -160,7 +167,8 @@ class RunSteps:
     samples_per_s: float | None
     """All ranks' steady samples over the longest wall span (the scaling study's definition)."""
     step_s: float
-    data_s: float
+    data_s: float | None
+    """None where no step measured it (a loop scalerun does not own)."""
     compute_s: float
     comm_s: float | None
     other_s: float
@@ -191,7 +199,7 @@ def run_steps(ranks: Mapping[int, StepStats | None], world_size: int | None) -> 
         missing_ranks=tuple(r for r in range(world) if r not in stats),
         steady_steps=min(s.steady_steps for s in stats.values()),
         samples_per_s=run_throughput(stats.values(), world),
-        step_s=weighted(stats.values(), "step_s") or 0.0, data_s=weighted(stats.values(), "data_s") or 0.0,
+        step_s=weighted(stats.values(), "step_s") or 0.0, data_s=weighted(stats.values(), "data_s"),
         compute_s=weighted(stats.values(), "compute_s") or 0.0, comm_s=comm,
         other_s=weighted(stats.values(), "other_s") or 0.0, transfer_s=transfer,
         wait_s=max(0.0, comm - transfer) if comm is not None and transfer is not None else None)

@@ -17,7 +17,7 @@ from scalerun.report.build import build_report
 from scalerun.report.load import load_run
 from scalerun.report.model import Report
 from scalerun.report.steps import MIXED, WARMUP_STEPS, RunSteps
-from scalerun.report.verdicts import gib, pct, seconds
+from scalerun.report.verdicts import NEVER_FORMED, gib, pct, seconds
 from scalerun.rundir import MONITOR, STEPS
 from scalerun.runtime import steplog_reader as keys
 
@@ -51,6 +51,11 @@ def steps_line(report: Report) -> str:
     if steps is None:
         return f"throughput: no step recorded in {report.run_dir / STEPS}"
     rate = f"{number(steps.samples_per_s)} samples/s" if steps.samples_per_s else "samples not counted"
+    if any(v.topic == "one-world" and NEVER_FORMED in v.message for v in report.verdicts):  # copies of one run
+        each = (f"{number(steps.samples_per_s / steps.world_size)} samples/s each" if steps.samples_per_s
+                else "samples not counted")
+        return (f"throughput: {each}, {steps.world_size} ranks each running the whole job alone (no one "
+                f"world: see the verdict); step {seconds(steps.step_s)}")
     return f"throughput: {rate} on {steps.world_size} rank(s); {split(steps, report.not_measured)}"
 
 
@@ -68,7 +73,8 @@ def split(steps: RunSteps, not_measured: Mapping[str, str] | None = None) -> str
     if not_measured:
         return unowned_split(steps, not_measured)
     comm = pct(steps.share(steps.comm_s) or 0.0) if steps.comm_s is not None else "not measured"
-    return (f"step {seconds(steps.step_s)}: data {pct(steps.share(steps.data_s) or 0.0)}, "
+    data = pct(steps.share(steps.data_s) or 0.0) if steps.data_s is not None else "not measured"
+    return (f"step {seconds(steps.step_s)}: data {data}, "
             f"{compute_part(steps)}, comm {comm}, "
             f"other {pct(steps.share(steps.other_s) or 0.0)}")
 

@@ -178,6 +178,9 @@ def collective_verdicts(collectives: Collectives | None) -> list[Verdict]:
 
 # -- the world ---------------------------------------------------------------------
 
+NEVER_FORMED = "never formed one world"
+"""The one-world verdict's words where no rank joined any world (the summary then gives
+each rank's own throughput: the ranks' samples are copies, not one run's)."""
 NOT_ONE_WORLD_COST = 2.0
 """Above any share of the step: a run whose ranks never formed one world did each thing
 N times, and every other number of it describes copies. It is said first."""
@@ -198,7 +201,7 @@ def world_not_formed(metas: Mapping[int, Mapping[str, Any]], world_size: int | N
         who = f"the {world_size} ranks" if every and len(known) == world_size else f"rank(s) {spans(alone)}"
         return [Verdict(
             "one-world", "warn",
-            f"{who} never formed one world: no process group joined, so each rank ran the whole "
+            f"{who} {NEVER_FORMED}: no process group joined, so each rank ran the whole "
             f"job on its own (copies of one run, not one run on {world_size} ranks)",
             "start the process group in the script (scalerun.init(), or torch.distributed."
             "init_process_group() before wrapping the model); or launch one rank",
@@ -344,7 +347,9 @@ def data_wait(rank: RankReport) -> Verdict | None:
 def data_share(rank: RankReport) -> float:
     """The share of the rank's step spent waiting for data (0 when unknown)."""
     stats = rank.steps
-    return stats.data_s / stats.step_s if stats is not None and stats.step_s > 0 else 0.0
+    if stats is None or stats.data_s is None or stats.step_s <= 0:
+        return 0.0
+    return stats.data_s / stats.step_s
 
 
 def loader_fix(rank: RankReport) -> str:
