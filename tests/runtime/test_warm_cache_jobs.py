@@ -57,18 +57,21 @@ def counts(output: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.timeout(900)  # two jobs that compile, on a 2-core machine
-@pytest.mark.parametrize("calls_init", [True, False], ids=["init", "no-init"])
-def test_a_local_job_restores_what_the_last_one_saved(tmp_path: Path, calls_init: bool) -> None:
-    user = f"warmtest{os.getpid()}{int(calls_init)}"
+def test_a_local_job_restores_what_the_last_one_saved(tmp_path: Path) -> None:
+    """The first job calls ``init()``, which saves; the second does not, and ``scalerun
+    exec``'s boot restores (the SLURM test below pairs them the other way round, so each
+    side saves and restores once, in two jobs instead of four)."""
+    user = f"warmtest{os.getpid()}"
     node_root = Path(f"/tmp/{user}-scalerun-cache-local-node0")
     warm = tmp_path / "warm"
     env = {**without_cache_folders(dict(os.environ)), "USER": user, variables.WARM_CACHE: str(warm)}
-    train = script(tmp_path, calls_init)
+    scripts = [script(tmp_path, calls_init=True), script(tmp_path, calls_init=False)]
 
     def launch(*flags: str) -> str:
+        number = len(list(tmp_path.glob("run*")))
         done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "1",
-                               "--run-dir", str(tmp_path / f"run{len(list(tmp_path.glob('run*')))}"),
-                               *flags, str(train)], capture_output=True, text=True, env=env,
+                               "--run-dir", str(tmp_path / f"run{number}"),
+                               *flags, str(scripts[number])], capture_output=True, text=True, env=env,
                               cwd=tmp_path, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         return done.stdout + done.stderr
@@ -113,13 +116,13 @@ def test_no_warm_cache_leaves_the_copy_alone(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("calls_init", [True, False], ids=["init", "no-init"])
-def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path, calls_init: bool) -> None:
-    """Without init(), scalerun exec restores and the job script saves after the ranks."""
+def test_the_next_slurm_job_starts_warm(slurm_cluster, tmp_path: Path) -> None:
+    """The first job does not call init(): the job script saves after the ranks; the next
+    one calls it, and init() restores (the local test pairs them the other way round)."""
     warm = tmp_path / "warm"
-    train = script(tmp_path, calls_init=calls_init)
     outputs = []
-    for number in range(2):
+    for number, calls_init in enumerate((False, True)):
+        train = script(tmp_path, calls_init=calls_init)
         run = tmp_path / f"run{number}"
         done = subprocess.run(
             [sys.executable, "-m", "scalerun", "launch", "--nodes", "1", "--gpus-per-node", "1",
