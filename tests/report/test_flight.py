@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.report.flight import FR_DIR, NOTHING_RECORDED, analyse
+from scalerun.report.flight import ALL_COMPLETED, FR_DIR, NOTHING_RECORDED, analyse, said
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 
@@ -68,6 +68,8 @@ def test_no_dump_and_finished_collectives_find_nothing(tmp_path: Path) -> None:
     for path in (run / FR_DIR).glob("rank-*.json"):  # as if rank 1's extra collective had completed
         path.write_text(path.read_text().replace('"retired":false', '"retired":true'))
     assert analyse(run) == ([], [])
+    # what the launcher and the report then say, from one function
+    assert said(*analyse(run)) == [ALL_COMPLETED]
 
 
 def test_a_rank_without_a_dump_is_not_judged_and_is_said(tmp_path: Path) -> None:

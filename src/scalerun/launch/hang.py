@@ -110,11 +110,7 @@ def collective_lines(run_dir: Path, since: float | None, world_size: int) -> lis
         return ["collectives: no rank dumped torch's flight recorder (a torch without it, "
                 "TORCH_FR_BUFFER_SIZE=0, or ranks that never imported torch): the stacks are all there is"]
     found, notes = flight.analyse(run_dir, since, world_size)
-    lines = [f"collectives: {finding.line()}" for finding in found[:MAX_FINDINGS]]
-    if not found and flight.NOTHING_RECORDED not in notes:
-        lines.append("collectives: every collective the flight recorder holds completed on every rank "
-                     "that entered it: the ranks wait outside torch's collectives")
-    return lines + [f"collectives: {note}" for note in notes[:MAX_FINDINGS]]
+    return [f"collectives: {line}" for line in flight.said(found, notes, MAX_FINDINGS)]
 
 
 def verdict(waiting: list[RankStacks], elsewhere: list[RankStacks]) -> str:

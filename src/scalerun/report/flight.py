@@ -96,23 +96,43 @@ class Finding:
         return f"{group_name(self.group, self.members)}, sequence {self.seq} ({self.op}): {self.detail}"
 
 
+def group_words(group: str) -> str:
+    return "the default group" if group == DEFAULT_GROUP else f"group {group}"
+
+
 def group_name(group: str, members: Sequence[int]) -> str:
-    where = "the default group" if group == DEFAULT_GROUP else f"group {group}"
-    return f"{where} (ranks {spans(members)})"
+    return f"{group_words(group)} (ranks {spans(members)})"
 
 
-def read_dumps(run_dir: Path, since: float | None = None) -> tuple[list[RankDump], list[str]]:
+def group_order(group: str) -> tuple[bool, str]:
+    """The default group first, then the others by name."""
+    return group != DEFAULT_GROUP, group
+
+
+@dataclass(frozen=True)
+class Dumps:
+    """The dumps of one hang as read: those parsed, and a note per rank whose file was not."""
+
+    dumps: tuple[RankDump, ...]
+    unread: tuple[tuple[int | None, str], ...]
+    """(rank, why its file was skipped); the rank None where the file's name has none."""
+
+
+def read_dumps(run_dir: Path, since: float | None = None) -> Dumps:
     """Every rank's dump in ``run_dir/fr/`` (written at or after ``since``: an earlier
     attempt's are not this hang's), and one note per file that could not be read."""
-    dumps, notes = [], []
+    dumps: list[RankDump] = []
+    unread: list[tuple[int | None, str]] = []
     for path in sorted((run_dir / FR_DIR).glob("rank-*.json")):
+        number = path.stem.removeprefix("rank-")
         try:
             if since is not None and path.stat().st_mtime < since:
                 continue
-            dumps.append(parse_dump(int(path.stem.removeprefix("rank-")), json.loads(path.read_text())))
+            dumps.append(parse_dump(int(number), json.loads(path.read_text())))
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-            notes.append(f"{path.name} skipped: {error.__class__.__name__}: {str(error)[:120]}")
-    return dumps, notes
+            unread.append((int(number) if number.isdigit() else None,
+                           f"{path.name} skipped: {error.__class__.__name__}: {str(error)[:120]}"))
+    return Dumps(tuple(dumps), tuple(unread))
 
 
 def parse_dump(rank: int, data: Mapping[str, Any]) -> RankDump:
@@ -136,7 +156,7 @@ def findings(dumps: Sequence[RankDump], world_size: int | None = None) -> list[F
     named for what it did not record; with ``world_size`` the default group is named
     with all its ranks."""
     by_rank = {dump.rank: dump for dump in dumps}
-    groups = sorted({group for dump in dumps for group in dump.groups}, key=lambda g: (g != DEFAULT_GROUP, g))
+    groups = sorted({group for dump in dumps for group in dump.groups}, key=group_order)
     found = []
     for group in groups:
         finding = group_finding(group, by_rank)
@@ -187,8 +207,7 @@ def waiting_elsewhere(dump: RankDump, group: str) -> str:
     if not waiting:
         return ""
     call = waiting[0]
-    where = "the default group" if call.group == DEFAULT_GROUP else f"group {call.group}"
-    return f"rank {dump.rank} waits in {where}, sequence {call.seq} ({call.signature})"
+    return f"rank {dump.rank} waits in {group_words(call.group)}, sequence {call.seq} ({call.signature})"
 
 
 def last_seq_words(calls: Mapping[int, Mapping[int, Call]], ranks: Sequence[int]) -> str:
@@ -202,16 +221,33 @@ def analyse(run_dir: Path, since: float | None = None,
             world_size: int | None = None) -> tuple[list[Finding], list[str]]:
     """The findings of the run's dumps, and the notes on dumps that could not be read or
     are missing (with ``world_size``)."""
-    dumps, notes = read_dumps(run_dir, since)
+    return judge(read_dumps(run_dir, since), world_size)
+
+
+def judge(read: Dumps, world_size: int | None = None) -> tuple[list[Finding], list[str]]:
+    """:func:`analyse` of dumps already read."""
+    dumps, notes = read.dumps, [note for _, note in read.unread]
     if dumps and not any(dump.calls for dump in dumps):
         notes.append(NOTHING_RECORDED)
     if world_size and dumps:
-        unread = {int(note.split(".", 1)[0].removeprefix("rank-")) for note in notes if note.startswith("rank-")}
-        absent = sorted(set(range(world_size)) - {dump.rank for dump in dumps} - unread)
+        absent = sorted(set(range(world_size)) - {dump.rank for dump in dumps} - {rank for rank, _ in read.unread})
         if absent:
             notes.append(f"no dump from rank{'s' if len(absent) > 1 else ''} {spans(absent)}: "
                          "not judged (killed before its watchdog tripped, or no run directory)")
     return (findings(dumps, world_size) if dumps else []), notes
+
+
+ALL_COMPLETED = ("every collective the flight recorder holds completed on every rank that entered "
+                 "it: the ranks wait outside torch's collectives")
+
+
+def said(found: Sequence[Finding], notes: Sequence[str], limit: int | None = None) -> list[str]:
+    """What to tell the user: a line per finding (the first ``limit``), or that every
+    recorded collective completed where the recorder held any, then the notes."""
+    lines = [finding.line() for finding in found[:limit]]
+    if not found and NOTHING_RECORDED not in notes:
+        lines.append(ALL_COMPLETED)
+    return lines + list(notes[:limit])
 
 
 def has_dumps(run_dir: Path, since: float | None = None) -> bool:
@@ -234,11 +270,11 @@ def collectives(run_dir: Path, world_size: int | None = None) -> Collectives | N
     """The report's record of the run's latest hang dumps; None where there are none."""
     if not has_dumps(run_dir):
         return None
-    dumps, _ = read_dumps(run_dir)
-    found, notes = analyse(run_dir, world_size=world_size)
+    read = read_dumps(run_dir)
+    found, notes = judge(read, world_size)
     rows = []
-    for dump in sorted(dumps, key=lambda d: d.rank):
-        for group in sorted({c.group for c in dump.calls}, key=lambda g: (g != DEFAULT_GROUP, g)):
+    for dump in sorted(read.dumps, key=lambda d: d.rank):
+        for group in sorted({c.group for c in dump.calls}, key=group_order):
             last = max((c for c in dump.calls if c.group == group), key=lambda c: c.seq)
             rows.append((dump.rank, group, last.seq, last.signature, last.done))
     return Collectives(tuple(found), tuple(rows), tuple(notes))

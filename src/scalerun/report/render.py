@@ -108,13 +108,10 @@ def events_section(report: Report) -> Section:
 def collectives_section(collectives: Collectives) -> Section:
     """What torch's flight recorder said at the hang: the findings, then each rank's last
     collective in each of its groups, side by side."""
-    lines = tuple(finding.line() for finding in collectives.findings)
-    if not lines and flight.NOTHING_RECORDED not in collectives.notes:
-        lines = ("every collective the flight recorder holds completed on every rank that entered it",)
     headers = ["rank", "group", "last sequence entered", "collective", "completed"]
     rows = [[str(rank), group, str(seq), signature, "yes" if done else "no"]
             for rank, group, seq, signature, done in collectives.rows]
-    return Section(COLLECTIVES, (*lines, *collectives.notes), (headers, rows))
+    return Section(COLLECTIVES, tuple(flight.said(collectives.findings, collectives.notes)), (headers, rows))
 
 
 def _opt(value: int | None) -> str:

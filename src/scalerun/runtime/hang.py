@@ -186,11 +186,16 @@ def last_words(timeout_s: float = LAST_WORDS_S) -> None:
             with contextlib.suppress(Exception):
                 action()
 
-    if not _last_words:
-        return
-    writer = threading.Thread(target=run, name="scalerun-hang-last-words", daemon=True)
-    writer.start()
-    writer.join(timeout_s)
+    if _last_words:
+        for_at_most(timeout_s, run, "scalerun-hang-last-words")
+
+
+def for_at_most(timeout_s: float, action: Callable[[], None], name: str) -> None:
+    """Run ``action`` in a daemon thread, given up after ``timeout_s``: what a hung rank
+    does on its way out must never keep it alive."""
+    worker = threading.Thread(target=action, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
 
 
 def fresh_stack_files(stacks: Path, since: float) -> list[Path]:
@@ -299,9 +304,7 @@ def dump_collectives(folder: Path, rank: int, timeout_s: float = DUMP_TIMEOUT_S)
             folder.mkdir(parents=True, exist_ok=True)
             write_text_atomic(folder / f"rank-{rank}.json", text)
 
-    writer = threading.Thread(target=write, name="scalerun-hang-flight-recorder", daemon=True)
-    writer.start()
-    writer.join(timeout_s)
+    for_at_most(timeout_s, write, "scalerun-hang-flight-recorder")
 
 
 def rank_line(report: Mapping[str, Any], where: str) -> str:
