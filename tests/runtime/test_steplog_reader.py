@@ -322,3 +322,13 @@ def test_the_run_queue_delay_is_the_second_field_of_schedstat(tmp_path: Path) ->
         own = RunQueueWait()
         first = own()
         assert first is not None and 0.0 <= first <= (own() or 0.0)
+
+
+def test_the_parts_of_a_step_add_up_to_the_step_when_gpu_timing_shifts_work() -> None:
+    """CUDA events can file one step's kernels under the next step's wall time: a step whose
+    work exceeds its dt, then one that falls short. The parts still add up to the step."""
+    shifted = [{keys.STEP: 1, keys.DT: 0.05, keys.DATA_S: 0.0, keys.FWD_S: 0.03, keys.BWD_S: 0.05, keys.OPT_S: 0.01},
+               {keys.STEP: 2, keys.DT: 0.15, keys.DATA_S: 0.0, keys.FWD_S: 0.0, keys.BWD_S: 0.01, keys.OPT_S: 0.0}]
+    parts = step_parts(shifted)
+    assert parts["compute_s"] + parts["data_s"] + parts["other_s"] == pytest.approx(parts["step_s"])
+    assert parts["other_s"] == pytest.approx(0.05)
