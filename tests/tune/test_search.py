@@ -577,3 +577,32 @@ def test_the_advice_never_names_what_the_planner_sets_by_itself() -> None:
     default = Candidate(ranks=1, knobs=Knobs(threads=threads, loader_workers=workers), default=True,
                         planned_share=True)
     assert snippet(default) == ["the defaults won: nothing to set"]
+
+
+class Compiles(Queued):
+    """A GPU node where torch.compile wins but pays its compilation at every start, as the
+    example's ViT-B/16 did on an H200 (59 s to start compiled, 12 s not)."""
+
+    def wait(self, candidate: Candidate, steps: int, run_dir: Path) -> float:
+        return COMPILE_S if candidate.knobs.compile not in (None, "off") else 0.0
+
+
+COMPILE_S = 45.0
+
+
+def compiled_speed(candidate: Candidate) -> float:
+    return speed_of(candidate) * (1.3 if candidate.knobs.compile not in (None, "off") else 1.0)
+
+
+def test_a_compiled_winner_s_check_is_costed_with_its_compilation(tmp_path: Path) -> None:
+    clock = Clock()
+    runner = Compiles(clock, [0.0], 240.0)
+    runner.speed = lambda candidate, run_dir: compiled_speed(candidate)
+    output = tune(request(budget_s=240.0, facts=NodeFacts(cpus=4, gpus=1, batch=4)), tmp_path, runner,
+                  Quiet(), clock=clock)
+    assert output.best.candidate.knobs.compile == "default"
+    assert output.validation is not None and output.validation.ratio is not None  # the pair finished
+    assert clock.now <= 240.0 * (1 + OVERRUN)
+    costs = learn_costs([r for r in output.result.trials if r.ok])
+    compiled, plain = costs.compile_startup_s["default"], costs.compile_startup_s[None]
+    assert compiled == pytest.approx(plain + COMPILE_S, abs=1.0)
