@@ -314,6 +314,13 @@ WATCHED = """
         for step in range(8):
             time.sleep(timeout / 3)  # slow, but never as slow as the timeout
             hang.progress(step=step)
+    elif pattern == "collectives":  # no optimizer, no scalerun: only collectives progress
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        for step in range(8):
+            dist.all_reduce(torch.ones(4))
+            time.sleep(timeout / 3)  # never as long as the timeout between two
+        time.sleep(60)  # the hang
     else:  # never makes progress: only a declared hang ends it
         time.sleep(float(pattern))
     hang.stop()
@@ -351,6 +358,34 @@ def test_a_slow_rank_that_keeps_stepping_is_never_ended(tmp_path):
     process.communicate(timeout=60)
     assert process.returncode == 0
     assert not (tmp_path / "run" / "stacks").exists()
+
+
+def test_completed_collectives_are_progress_for_a_script_without_an_optimizer(tmp_path):
+    """Issue 30, item 0: a loop of collectives with no optimizer (inference, a hand-written
+    all-reduce loop) lives through eight times a third of the timeout, then hangs and is
+    ended; before, it was never judged at all."""
+    start = time.monotonic()
+    process = watched(tmp_path, 1.5, "collectives")
+    _, err = process.communicate(timeout=90)
+    assert process.returncode == hang.HANG_EXIT_CODE, err
+    assert time.monotonic() - start > 8 * 1.5 / 3  # not ended while it completed collectives
+    assert "scalerun: hang: rank 3 made no progress" in err
+    assert (tmp_path / "run" / "fr" / "rank-3.json").exists()  # the recorder's dump, for the report
+
+
+@pytest.mark.parametrize(("before", "now", "moves", "kept"), [
+    (None, None, False, None),  # no torch, no recorder: nothing known
+    (None, 0, False, 0),  # a group, nothing completed yet: still starting
+    (None, 3, True, 3),  # the first look finds completed collectives
+    (3, 3, False, 3),  # none since the last look
+    (3, 5, True, 5),
+    (3, None, False, 3),  # the recorder did not answer this time: keep the count
+])
+def test_completed_collectives_count_as_progress_when_they_grow(monkeypatch, before, now, moves, kept):
+    moved = []
+    monkeypatch.setattr(hang, "progress", lambda step=None: moved.append(step))
+    assert hang.note_collectives(before, now) == kept
+    assert bool(moved) == moves
 
 
 def test_a_rank_that_never_stepped_follows_a_declared_hang(tmp_path):

@@ -3,8 +3,10 @@ ends it when the rank has made no progress for ``SCALERUN_HANG_TIMEOUT`` seconds
 
 Why: a multi-node job that hangs (a rank stuck in a data loader, a deadlock, a collective
 called by only some ranks) burns its whole time limit and leaves nothing to look at. Here
-every rank watches itself: ``wrap()``'s forward and step and ``scalerun.barrier`` call
-:func:`progress`; a thread started by ``scalerun.init`` wakes every few seconds and, once
+every rank watches itself: ``wrap()``'s forward and step, ``scalerun.barrier`` and the
+step hooks (a torch optimizer's step) call :func:`progress`, and so does every collective
+the rank completes (torch's flight recorder counts them, :func:`completed_collectives`):
+a thread started in each rank wakes every few seconds and, once
 the rank has gone ``timeout`` seconds without progress, writes every thread's stack to
 ``RUN_DIR/stacks/rank-<R>.txt`` (faulthandler, plus ``py-spy dump`` when installed) with a
 header saying whether the main thread was inside a collective
@@ -22,14 +24,16 @@ write a header and wait for its peers; faulthandler's timer is process-global st
 that a user may own, and its exit code would be 1.
 
 What it must never do: slow a step (:func:`progress` is one clock read and one store),
-judge a rank before its first progress (a script that never calls ``wrap`` or
-``barrier`` is never ended), or run any collective or atexit handler on the way out.
+judge a rank before its first progress (a script that never steps an optimizer nor
+completes a collective is never ended), or run any collective or atexit handler on the
+way out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import os
 import sys
 import threading
@@ -240,7 +244,9 @@ class Watchdog:
         return declared_by(self.stacks, self.started)
 
     def _run(self) -> None:
+        completed: int | None = None
         while not self._stop.wait(self.poll_s):
+            completed = note_collectives(completed, completed_collectives())
             trigger = self.check(time.monotonic())
             if trigger is not None and not self._stop.is_set():
                 self.trip(trigger)
@@ -278,6 +284,43 @@ class Watchdog:
         sys.stderr.write(header)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         return "the lines above (no run directory)"
+
+
+STATUS_TIMEOUT_S = 1.0
+"""How long the watchdog waits for the flight recorder's status before looking again."""
+
+
+def completed_collectives(timeout_s: float = STATUS_TIMEOUT_S) -> int | None:
+    """The collectives this rank's process groups have completed, added up, from torch's
+    flight recorder's status (the groups' last completed sequence numbers, no entries:
+    about 40 us); None where torch is not imported or has no recorder, or the recorder did
+    not answer within ``timeout_s``. Torch is not imported here."""
+    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
+    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return None
+    found: list[int] = []
+
+    def read() -> None:
+        with contextlib.suppress(Exception):
+            status = json.loads(dump(includeCollectives=False)).get("pg_status") or {}
+            found.append(sum(max(0, int(group.get("last_completed_collective", -1)))
+                             for group in status.values()))
+
+    for_at_most(timeout_s, read, "scalerun-hang-collectives")
+    return found[0] if found else None
+
+
+def note_collectives(before: int | None, now: int | None) -> int | None:
+    """Count completed collectives as progress (issue 30): a script without an optimizer
+    (inference, evaluation, a hand-written all-reduce loop) steps nothing that the hooks
+    see, and was never judged. Progress when more have completed than at the last look,
+    or at the first look when any has; returns the count to compare with next time."""
+    if now is None:
+        return before
+    if now > (before if before is not None else 0):
+        progress()
+    return now
 
 
 DUMP_TIMEOUT_S = 5.0
