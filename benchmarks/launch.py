@@ -58,6 +58,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,21 @@ from pathlib import Path
 
 THIS_FILE = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # scalerun and torchrun live beside this python
+
+
+def command(name: str) -> str:
+    """The console script ``name`` the benchmark times: beside this python (its virtual
+    environment's), else the first on PATH (a checkout on the path with a wrapper script, as
+    scripts/gpu_checks.sh sets up: a lent machine's python is not scalerun's venv)."""
+    beside = BIN / name
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"no `{name}` command beside {sys.executable} or on PATH: "
+                           "install it into this environment (pip install -e . for scalerun)")
+    return found
+
 VARIANTS = ("scalerun", "torchrun", "torchrun+torch")
 TIMEOUT_S = 300.0
 
@@ -151,13 +167,13 @@ def launch_command(variant: str, ranks: int, stamp: Path) -> list[str]:
     probe = [str(THIS_FILE), "--probe", str(stamp)]
     if variant == "scalerun":
         return [
-            str(BIN / "scalerun"),
+            command("scalerun"),
             "launch",
             "--standalone",
             f"--nproc-per-node={ranks}",
             *probe,
         ]
-    torchrun = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}"]
+    torchrun = [command("torchrun"), "--standalone", f"--nproc-per-node={ranks}"]
     return [*torchrun, *probe, *(["--plain-torch"] if variant == "torchrun+torch" else [])]
 
 
@@ -168,8 +184,8 @@ def warm_command(variant: str, ranks: int, stamp: Path) -> list[str]:
     """--warm's three launches of the DDP probe."""
     probe = [str(THIS_FILE), "--probe-ddp", str(stamp)]
     if variant == "torchrun-ddp":
-        return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", *probe]
-    return [str(BIN / "scalerun"), "launch", f"--start={variant}", f"--nproc-per-node={ranks}", *probe]
+        return [command("torchrun"), "--standalone", f"--nproc-per-node={ranks}", *probe]
+    return [command("scalerun"), "launch", f"--start={variant}", f"--nproc-per-node={ranks}", *probe]
 
 
 def children_cpu_s() -> float:
@@ -314,8 +330,8 @@ TRIVIAL_PAIR = ("torchrun", "scalerun")
 def trivial_command(variant: str, ranks: int, script: Path) -> list[str]:
     """The two commands of issue 20, word for word (the launchers' defaults)."""
     if variant == "scalerun":
-        return [str(BIN / "scalerun"), "launch", f"--nproc-per-node={ranks}", str(script)]
-    return [str(BIN / "torchrun"), f"--nproc-per-node={ranks}", str(script)]
+        return [command("scalerun"), "launch", f"--nproc-per-node={ranks}", str(script)]
+    return [command("torchrun"), f"--nproc-per-node={ranks}", str(script)]
 
 
 def run_whole(command: list[str], workdir: Path) -> tuple[float, float]:

@@ -369,18 +369,22 @@ def test_a_signal_while_the_starter_imports_ends_the_launch_at_once(tmp_path: Pa
     (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(60)\n")
     marker = tmp_path / "ran"
     script = write(tmp_path, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")
+    # the preload's folder before the path this interpreter was given (scalerun may be
+    # importable only through it: a checkout on PYTHONPATH, not installed)
+    python_path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     launcher = subprocess.Popen([*SCALERUN, "launch", "--no-monitor", "--preload", "slow_preload",
                                  "--nproc-per-node", "2", str(script)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": python_path})
     try:
         deadline = time.monotonic() + 60
         starter = None
-        while starter is None and time.monotonic() < deadline:
+        while starter is None and time.monotonic() < deadline and launcher.poll() is None:
             for child in psutil.Process(launcher.pid).children():
                 if "scalerun.launch.local.starter" in child.cmdline():
                     starter = child
             time.sleep(0.1)
-        assert starter is not None
+        # the preload sleeps 60 s: a starter not found means a launch that never started one
+        assert starter is not None, (launcher.poll(), launcher.stderr.read() if launcher.poll() is not None else "")
         began = time.monotonic()
         launcher.send_signal(signal.SIGINT)
         _out, err = launcher.communicate(timeout=30)

@@ -178,12 +178,15 @@ def test_each_task_writes_the_file_of_its_node_whatever_the_folder_name(tmp_path
     folder = tmp_path / "it's a \"folder\" $(touch pwned) `x`"
     folder.mkdir()
     argv = attach_command(job(), folder, interval_s=0.2, python=sys.executable)
-    env = {**os.environ, "SLURMD_NODENAME": "nid000002", "PYTHONPATH": SRC}
+    # the tree's scalerun first, and the path this python was given after it (where its
+    # dependencies may be, when they are not installed into it)
+    python_path = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "SLURMD_NODENAME": "nid000002", "PYTHONPATH": python_path}
     task = subprocess.Popen(argv[argv.index("sh"):], env=env, cwd=tmp_path)
     path = folder / "nid000002.jsonl"
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(read_jsonl(path)) < 2:
+        while time.monotonic() < deadline and len(read_jsonl(path)) < 2 and task.poll() is None:
             time.sleep(0.1)
     finally:
         task.send_signal(signal.SIGTERM)  # sh exec'd the sampler: it gets the signal
