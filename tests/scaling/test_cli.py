@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalerun.cli import main
+from scalerun.plan.gpu import VISIBILITY_VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "vit" / "train.py"
@@ -113,11 +114,30 @@ def test_a_size_above_this_nodes_gpus_is_refused(tmp_path) -> None:
     from tests.fixtures.make_sysfs import build_tree
 
     root = build_tree("laptop", tmp_path / "laptop")
-    env = {**os.environ, "SCALERUN_SYSFS": str(root)}
+    env = {**{k: v for k, v in os.environ.items() if k not in VISIBILITY_VARIABLES}, "SCALERUN_SYSFS": str(root)}
     done = subprocess.run([sys.executable, "-m", "scalerun", "scaling", "--ranks", "1,2", "--batch", "8",
                            "--out", str(tmp_path / "s"), "--", str(EXAMPLE), "--batch-size", "{per_rank_batch}"],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert done.returncode == 2 and "1 GPU" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({}, 1),  # the laptop's one GPU
+    ({"CUDA_VISIBLE_DEVICES": ""}, 0),  # hidden: a CPU study on a GPU node (as this suite runs)
+    ({"CUDA_VISIBLE_DEVICES": "0"}, 1),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8d3c"}, 1),  # a UUID: only the runtime maps it, every GPU counts
+    ({"HIP_VISIBLE_DEVICES": ""}, 1),  # an AMD variable does not hide an NVIDIA GPU
+])
+def test_the_gpus_a_study_counts_are_the_visible_ones(tmp_path, environ, expected) -> None:
+    """Found on a 1-GPU H200 machine: with the GPU hidden, every two-rank study was refused
+    with "this node's 1 GPU(s) hold(s) at most 1" although its ranks would run on CPUs."""
+    from scalerun.commands.scaling import visible_gpus
+    from scalerun.this_rank import read_topology
+    from tests.fixtures.make_sysfs import build_tree
+
+    gpus = read_topology(str(build_tree("laptop", tmp_path / "laptop"))).gpus
+    assert len(gpus) == 1 and gpus[0].vendor == "nvidia"
+    assert visible_gpus(gpus, environ) == expected
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +117,20 @@ def capacity(args: argparse.Namespace, on_slurm: bool) -> tuple[int | None, int 
         return gpus, None, f"site {site.name}"
     from scalerun.this_rank import read_topology, sysfs_root
 
-    gpus = len(read_topology(sysfs_root()).gpus)
+    gpus = visible_gpus(read_topology(sysfs_root()).gpus, os.environ)
     if gpus:  # NCCL puts one rank on each GPU, no more
         return args.gpus_per_node, gpus, f"this node's {gpus} GPU(s)"
     return args.gpus_per_node, None, "this node (CPU ranks)"
+
+
+def visible_gpus(gpus: Sequence[Any], environ: Mapping[str, str]) -> int:
+    """The node's GPUs that the sizes' ranks will see: a GPU hidden by the visibility
+    variables exported to scalerun (``CUDA_VISIBLE_DEVICES=""``: a CPU study on a GPU node)
+    bounds nothing. A value that is not a list of indices (UUIDs) counts every GPU."""
+    from scalerun.plan.gpu import visible_physical
+
+    shown = visible_physical(environ, len(gpus), gpus[0].vendor if gpus else None)
+    return len(gpus) if shown is None else len(shown)
 
 
 class LocalSizes:
