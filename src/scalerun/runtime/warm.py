@@ -36,12 +36,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerun.plan.rank import RankPlan
 
 
+def rank_identity(plan: RankPlan, sysfs: Path) -> str:
+    """The kind of device the rank compiles for: its GPU's architecture, or ``cpu`` for a
+    rank on the CPU, also on a GPU node whose GPUs the user hid (``CUDA_VISIBLE_DEVICES=""``):
+    the placement still names the nearest GPU there, but the kernels are the CPU's (seen
+    on an H200 machine, where such a run said "none yet for nvidia-2335-...")."""
+    if plan.gpu.device.kind == "cpu":
+        return gpu_identity(None, None, sysfs)
+    return gpu_identity(plan.binding.gpu_vendor, plan.binding.gpu_pci, sysfs)
+
+
 def restore_for_rank(plan: RankPlan, environ: Mapping[str, str], who: str,
                      save_at_exit: bool) -> None:
     """Restore the node's caches from the warm copy (first rank of the node only); with
     ``save_at_exit`` on global rank 0, save them back when this Python ends."""
     sysfs = Path(environ.get(variables.SYSFS, "").strip() or "/")
-    warm = warm_of(environ, gpu_identity(plan.binding.gpu_vendor, plan.binding.gpu_pci, sysfs))
+    warm = warm_of(environ, rank_identity(plan, sysfs))
     if warm is None:
         return
     node_root = Path(cache_root(environ))
