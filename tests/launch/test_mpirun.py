@@ -28,7 +28,7 @@ from scalerun.launch.mpirun.job import RANKFILE, rankfile_text
 from scalerun.launch.mpirun.output import MpirunMessages, RankLines, failure_line
 from scalerun.rundir import read_jsonl, step_logs
 from scalerun.this_rank import plan_this_node
-from scalerun.topology.cpulist import parse_cpulist, parse_mask
+from scalerun.topology.cpulist import format_cpulist, parse_cpulist, parse_mask
 from tests.fixtures.make_sysfs import build_tree
 from tests.launch.openmpi import open_mpi  # noqa: F401 (the fixture the real-rank tests use)
 from tests.launch.requests import parse_launch, plan, request
@@ -131,7 +131,7 @@ def test_plain_program_gets_rank_variables_and_each_rank_its_planned_cpus(
     assert port != "29500"  # a free port, chosen at run time
     assert done.stdout.count("one line, written twice\n") == 2  # whole lines, despite two writes
     assert (run / RANKFILE).read_text() == "".join(
-        f"rank {rank}=localhost slot={','.join(map(str, cpus))}\n"
+        f"rank {rank}=localhost slot={format_cpulist(cpus)}\n"  # 0-7 on 16 cores, as Open MPI reads it
         for rank, cpus in enumerate(planned_cpus(2)))
 
 
