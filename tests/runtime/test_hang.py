@@ -376,7 +376,7 @@ def test_completed_collectives_are_progress_for_a_script_without_an_optimizer(tm
 @pytest.mark.parametrize(("before", "now", "moves", "kept"), [
     (None, None, False, None),  # no torch, no recorder: nothing known
     (None, 0, False, 0),  # a group, nothing completed yet: still starting
-    (None, 3, True, 3),  # the first look finds completed collectives
+    (None, 3, False, 3),  # the first look only counts: a set-up's collectives start no clock
     (3, 3, False, 3),  # none since the last look
     (3, 5, True, 5),
     (3, None, False, 3),  # the recorder did not answer this time: keep the count

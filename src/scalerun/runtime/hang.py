@@ -314,11 +314,14 @@ def completed_collectives(timeout_s: float = STATUS_TIMEOUT_S) -> int | None:
 def note_collectives(before: int | None, now: int | None) -> int | None:
     """Count completed collectives as progress (issue 30): a script without an optimizer
     (inference, evaluation, a hand-written all-reduce loop) steps nothing that the hooks
-    see, and was never judged. Progress when more have completed than at the last look,
-    or at the first look when any has; returns the count to compare with next time."""
+    see, and was never judged. Progress when more have completed than at the last look;
+    the first look only counts them. So the collectives of a set-up (``scalerun.init()``'s
+    barrier, DDP's first broadcast) do not start the clock on a script that then prepares
+    its data for longer than the timeout before its loop: a false hang would end a healthy
+    job. Returns the count to compare with next time."""
     if now is None:
         return before
-    if now > (before if before is not None else 0):
+    if before is not None and now > before:
         progress()
     return now
 
