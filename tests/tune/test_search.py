@@ -205,6 +205,28 @@ def test_a_second_call_with_the_same_out_reuses_every_finished_trial(tmp_path: P
     assert not any(t.resumed for t in changed.result.trials)  # another command: nothing reused
 
 
+class BusyClock(Clock):
+    """Moves on a second at every reading: the time a busy machine spends between trials
+    (writing, judging, waiting for a core), which the trials' own walls do not hold."""
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_second_call_replays_the_first_calls_time_between_trials_too(tmp_path: Path) -> None:
+    """Seen in a real tuning on a loaded machine: its second call, charged only the trials'
+    walls, found time left where the first had none and launched two trials of its own."""
+    clock = BusyClock()
+    first = tune(request(budget_s=150), tmp_path, StandIn(clock), Quiet(), clock=clock)
+    again_clock = BusyClock()
+    runner = StandIn(again_clock)
+    second = tune(request(budget_s=150), tmp_path, runner, Quiet(), clock=again_clock)
+    assert runner.runs == []
+    assert [(t.candidate, t.steps) for t in second.result.trials] == [(t.candidate, t.steps)
+                                                                      for t in first.result.trials]
+
+
 class CutOff(StandIn):
     """A tuning cut off (Ctrl-C) as its seventh trial starts."""
 

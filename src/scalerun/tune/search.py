@@ -66,6 +66,15 @@ class Budget:
     def charge(self, seconds: float) -> None:
         self.charged_s += seconds
 
+    def replay(self, result: TrialResult) -> None:
+        """Charge a reused trial what it cost, and catch up with the budget its call had
+        spent when it ended: that call's time between trials counts again, so the resumed
+        call reaches each decision at the same spent time (charged its trials' walls alone,
+        a resumed real tuning found time left and launched trials the first call had not)."""
+        self.charge(result.wall_s)
+        if result.spent_s is not None and result.spent_s > self.spent_s:
+            self.charge(result.spent_s - self.spent_s)
+
     @property
     def spent_s(self) -> float:
         return self.clock() - self.start + self.charged_s
@@ -145,9 +154,9 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
 
     def run(candidate: Candidate, steps: int) -> TrialResult:
         result = run_or_reuse(out_dir, candidate, steps, fingerprint(candidate, steps), run_trial,
-                              warmup_steps, clock=budget.clock)
+                              warmup_steps, clock=budget.clock, spent=lambda: budget.spent_s)
         if result.resumed:
-            budget.charge(result.wall_s)
+            budget.replay(result)
         trials.append(result)
         previous = deepest.get(candidate.label)
         if previous is None or steps >= previous.steps:

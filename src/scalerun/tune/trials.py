@@ -76,6 +76,10 @@ class TrialResult:
     wall_s: float = 0.0
     """What the trial cost when it ran (a reused trial is charged this to the budget again,
     so a resumed tuning makes the first call's decisions and stops where it would have)."""
+    spent_s: float | None = None
+    """The budget spent when the trial ended, in the call that ran it: a resumed call
+    catches up to it, so that the first call's time between trials (writing, judging, a
+    busy machine's waits) counts again too. None in a record older than this field."""
 
     @property
     def ok(self) -> bool:
@@ -97,8 +101,10 @@ def trial_dir(out_dir: Path, candidate: Candidate, steps: int) -> Path:
 
 def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[str, Any],
                  run_trial: RunTrial, warmup_steps: int,
-                 clock: Callable[[], float] = time.monotonic) -> TrialResult:
-    """The recorded result of this trial when an earlier call finished it; else run it now."""
+                 clock: Callable[[], float] = time.monotonic,
+                 spent: Callable[[], float] | None = None) -> TrialResult:
+    """The recorded result of this trial when an earlier call finished it; else run it now
+    (``spent``: the budget spent so far, recorded with the trial)."""
     run_dir = trial_dir(out_dir, candidate, steps)
     kept = recorded(run_dir, candidate, steps, fingerprint)
     if kept is not None:
@@ -112,6 +118,7 @@ def run_or_reuse(out_dir: Path, candidate: Candidate, steps: int, fingerprint: d
         outcome = RunOutcome(exit_code=-1, error=str(error).splitlines()[0] if str(error) else repr(error))
     result = judge(candidate, steps, run_dir, outcome, clock() - start, warmup_steps)
     record = {"fingerprint": fingerprint, "status": result.status, "error": result.error, "wall_s": result.wall_s,
+              "spent_s": round(spent(), 3) if spent is not None else None,
               "measured": asdict(result.measured) if result.measured else None, "finished": time.time()}
     write_text_atomic(run_dir / TRIAL_FILE, strict_json.dumps(record, indent=2) + "\n", what="--out")
     return result
@@ -180,13 +187,15 @@ def recorded(run_dir: Path, candidate: Candidate, steps: int, fingerprint: dict[
         return None
     status = record.get("status")
     wall = record.get("wall_s") if isinstance(record.get("wall_s"), int | float) else 0.0
+    spent = record.get("spent_s") if isinstance(record.get("spent_s"), int | float) else None
     if status == "ok" and isinstance(record.get("measured"), dict):
         try:
             measured = Measured(**record["measured"])
         except TypeError:
             return None
-        return TrialResult(candidate, steps, "ok", run_dir, measured=measured, resumed=True, wall_s=wall)
+        return TrialResult(candidate, steps, "ok", run_dir, measured=measured, resumed=True, wall_s=wall,
+                           spent_s=spent)
     if status == "infeasible":
         return TrialResult(candidate, steps, "infeasible", run_dir, error=record.get("error"), resumed=True,
-                           wall_s=wall)
+                           wall_s=wall, spent_s=spent)
     return None

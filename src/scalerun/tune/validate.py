@@ -72,9 +72,9 @@ def validate(default: Candidate, winner: Candidate, out_dir: Path, run_trial: Ru
         done = []
         for candidate in (default, winner):
             result = run_or_reuse(folder, candidate, steps, fingerprint(candidate, steps), run_trial,
-                                  warmup_steps, clock=budget.clock)
+                                  warmup_steps, clock=budget.clock, spent=lambda: budget.spent_s)
             if result.resumed:
-                budget.charge(result.wall_s)
+                budget.replay(result)
             progress.trial(result, None, budget.spent_s)
             done.append(result)
         pairs.append((done[0], done[1]))
