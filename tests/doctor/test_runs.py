@@ -91,17 +91,32 @@ def test_planted_overlap_and_management_interface_fail() -> None:
 
 def test_planted_shared_gcd_and_far_cores_on_a_lumi_node(tmp_path: Path) -> None:
     """The LUMI-G node description, every rank told ROCR_VISIBLE_DEVICES=0. (The suite's own
-    CUDA_VISIBLE_DEVICES="" would hide every GCD from HIP as well: it is lifted here.)"""
+    CUDA_VISIBLE_DEVICES="" would hide every GCD from HIP as well: it is lifted here.)
+
+    The ranks run on this machine's CPUs, read as the fixture's: ``taskset`` keeps them on
+    the fixture's NUMA node that holds most of them, away from GCD 0's NUMA 3. Without it a
+    64-core machine's rank would span NUMA 0-3, GCD 0's node among them: no far cores."""
+    from scalerun.topology import format_cpulist, parse_cpulist, read_node, read_online_cpus
+
     root = build_tree("lumig", tmp_path / "lumig")
+    mine = frozenset(os.sched_getaffinity(0))
+    far = max((node for node in read_node(root, read_online_cpus(root)).numa_nodes if node.id != 3),
+              key=lambda node: (len(node.cpus & mine), -node.id))
+    cpus = far.cpus & mine
+    if not cpus:
+        pytest.skip(f"none of this machine's CPUs {format_cpulist(mine)} is on a LUMI-G NUMA node away from GCD 0")
     done = doctor("--nproc-per-node", "2", "--no-bandwidth", "--sysfs", str(root),
+                  prefix=("taskset", "-c", format_cpulist(cpus)),
                   env={"ROCR_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": None})
     assert done.returncode == 1, done.stderr
     out = done.stdout
     assert "FAIL  gpu-shared   two or more ranks use one GPU" in out
     assert f"{socket.gethostname()}: ranks 0-1 on GPU 0000:c1:00.0" in out
     assert "FAIL  numa         ranks run on CPUs far from their GPU" in out
-    # the rank's CPUs are this machine's allowed ones on the fixture's node: 0 here, 0-7 on 16 cores
-    assert re.search(r"GPU 0000:c1:00\.0 on NUMA 3, CPUs 0[-\d,]* on NUMA 0", out), out
+    for rank in (0, 1):  # each rank named with the CPUs it ran on: 0 and 1 on 2 cores, 0-7 and 8-15 on 16
+        found = re.search(rf"rank {rank} on {re.escape(socket.gethostname())}: GPU 0000:c1:00\.0 on NUMA 3, "
+                          rf"CPUs ([-\d,]+) on NUMA {far.id}(?=;|$)", out, re.MULTILINE)
+        assert found and parse_cpulist(found[1]) <= cpus, out
     assert "node read from a fixture" in out
 
 

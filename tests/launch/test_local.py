@@ -191,13 +191,43 @@ def cpu_rank_threads(cores: int) -> int:
     return max(1, cores - default_workers(cores, on_gpu=False))
 
 
+CPU_RANKS = [
+    # (CPUs the launch may use on the cpu2s node, each rank's CPUs, threads, loader workers)
+    ("0-1", ["0", "1"], 1, 0),  # this 2-core VM: a core each, no worker
+    ("0-15", ["0-7", "8-15"], 6, 2),  # the 16-core H200 machine: a quarter of 8 to loading
+    ("0-63", ["0-15", "16-31"], 12, 4),  # 32 cores with 2 threads each: a thread per core
+]
+
+
+@pytest.mark.parametrize(("allowed", "cpus", "threads", "workers"), CPU_RANKS)
+def test_a_cpu_ranks_threads_are_its_cores_less_its_loader_workers(tmp_path: Path, allowed: str,
+                                                                   cpus: list[str], threads: int,
+                                                                   workers: int) -> None:
+    """In-process, the plan the launched ranks below act on, at three machine sizes: the
+    OMP_NUM_THREADS a two-rank launch of a CPU script gets (the GPUs hidden)."""
+    from scalerun.placement import on_one_node
+    from scalerun.plan.rank import plan_rank
+    from scalerun.topology import parse_cpulist, read_node
+    from tests.fixtures.make_sysfs import build_tree
+
+    topology = read_node(build_tree("cpu2s", tmp_path / "cpu2s"), parse_cpulist(allowed))
+    plans = [plan_rank(on_one_node(rank, 2, source="test"), topology, None, {}) for rank in (0, 1)]
+    assert [plan.binding.cpulist for plan in plans] == cpus and all(plan.bind for plan in plans)
+    for plan in plans:
+        assert (plan.threads, plan.loader_workers) == (threads, workers)
+        assert plan.value("OMP_NUM_THREADS") == str(threads) == str(cpu_rank_threads(len(plan.cpus)))
+
+
 def test_each_rank_gets_a_thread_per_core_it_owns(tmp_path: Path) -> None:
+    from scalerun.plan.rank import own_cores
+    from scalerun.this_rank import read_topology, sysfs_root
+
     for omp, torch_threads, cpus, bound in rank_threads(tmp_path, 2):
         assert omp == torch_threads
         if bound == "True":  # bound to its own cores: one thread per core it owns, less its workers'
             assert int(omp) == cpu_rank_threads(int(cpus))
-        else:  # sharing this process's CPUs with the other rank
-            assert int(omp) == cpu_rank_threads(max(1, len(os.sched_getaffinity(0)) // 2))
+        else:  # sharing this process's cores (one per physical core) with the other rank
+            assert int(omp) == cpu_rank_threads(max(1, len(own_cores(read_topology(sysfs_root()))) // 2))
 
 
 def test_the_users_thread_count_wins(tmp_path: Path) -> None:
