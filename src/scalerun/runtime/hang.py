@@ -286,6 +286,14 @@ class Watchdog:
         return "the lines above (no run directory)"
 
 
+def recorder_dump() -> Callable[..., bytes] | None:
+    """torch's flight-recorder JSON dump (``_dump_fr_trace_json``) where this rank has
+    imported torch and its recorder exists, else None. Torch is not imported here: a rank
+    that never imported it has no collectives."""
+    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
+    return getattr(c10d, "_dump_fr_trace_json", None)
+
+
 STATUS_TIMEOUT_S = 1.0
 """How long the watchdog waits for the flight recorder's status before looking again."""
 
@@ -295,8 +303,7 @@ def completed_collectives(timeout_s: float = STATUS_TIMEOUT_S) -> int | None:
     flight recorder's status (the groups' last completed sequence numbers, no entries:
     about 40 us); None where torch is not imported or has no recorder, or the recorder did
     not answer within ``timeout_s``. Torch is not imported here."""
-    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
-    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    dump = recorder_dump()
     if dump is None:
         return None
     found: list[int] = []
@@ -337,8 +344,7 @@ def dump_collectives(folder: Path, rank: int, timeout_s: float = DUMP_TIMEOUT_S)
     not imported here: a rank that never imported it has no collectives. In a thread
     given up after ``timeout_s``: a dump that waits for a lock the hung collective holds
     must not keep the rank alive. Nothing is written where torch has no recorder."""
-    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
-    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    dump = recorder_dump()
     if dump is None:
         return
 
