@@ -1,5 +1,6 @@
 """Load: 16 ranks on this 2-core machine and 2 nodes x 8 ranks on the SLURM test cluster run
-``scalerun doctor`` and 20 steps of the tiny example to the end, and their output stays
+the doctor (``scalerun doctor`` locally, the job's own check on SLURM) and 20 steps of the
+tiny example to the end, and their output stays
 line-whole (no rank's line cut into another's).
 
 Why: launcher, rendezvous and output prefixing are otherwise only exercised with 2 to 4
@@ -156,20 +157,19 @@ SLURM_2X8 = ["--nodes", "2", "--nproc-per-node", "8", "--mode", "torchrun", "--c
 
 
 @pytest.mark.slurm
-def test_2x8_ranks_pass_the_doctor_on_slurm(slurm_cluster, tmp_path):
-    done = run("doctor", *SLURM_2X8, "--no-bandwidth", "--run-dir", str(tmp_path),
-               env=slurm_cluster.env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"{RANKS} rank(s) on 2 node(s)" in done.stdout
-    assert f"all {RANKS} rank(s) met at the barrier" in done.stdout
-
-
-@pytest.mark.slurm
-def test_2x8_ranks_train_20_steps_on_slurm_with_whole_lines(slurm_cluster, vit_data, tmp_path):
-    done = run("launch", "-v", *SLURM_2X8, "--wait", "--no-check", "--run-dir", str(tmp_path),
+def test_2x8_ranks_pass_the_doctor_and_train_20_steps_on_slurm_with_whole_lines(
+    slurm_cluster, vit_data, tmp_path
+):
+    """One job: its first step is the doctor's check on all 16 ranks (``scalerun doctor
+    --quick``, the job script's own), then the training. The doctor's full SLURM run, a job
+    of its own, is tested at 2 x 1 in tests/doctor/test_runs.py; one 2 x 8 job of each would
+    start the 16 ranks twice to show the same barrier."""
+    done = run("launch", "-v", *SLURM_2X8, "--wait", "--check", "--run-dir", str(tmp_path),
                *vit_args(vit_data, tmp_path), env=slurm_cluster.env)
     log = next(tmp_path.glob("slurm-*.out")).read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
+    assert f"{RANKS} rank(s) on 2 node(s), as the launcher says" in log, log[-3000:]
+    assert f"all {RANKS} rank(s) met at the barrier" in log, log[-3000:]
     assert steps_per_rank(tmp_path) == dict.fromkeys(range(RANKS), STEPS)
     assert "epoch 1: train loss" in log
     reports = [line for line in log.splitlines() if "[scalerun] host=" in line]

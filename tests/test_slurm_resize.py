@@ -60,7 +60,8 @@ def vit_data(tmp_path_factory) -> Path:
     return path
 
 
-def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str) -> str:
+def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str,
+           env: dict[str, str] | None = None) -> str:
     """The example with its own checkpoint folder under ``run_dir``; returns the job id."""
     done = subprocess.run(
         # --cpu-bind none: the masks planned on the first node need not hold on the other,
@@ -71,7 +72,7 @@ def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str) -> str:
          "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS),
          "--global-batch-size", "16", "--num-workers", "0", "--data", str(data), "--no-generate",
          "--checkpoint", str(run_dir / "own"), "--out", str(run_dir / "model.pt")],
-        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env={**cluster.env, **(env or {})}, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return re.search(r"submitted job (\d+)", done.stdout).group(1)
@@ -94,6 +95,8 @@ def scontrol(cluster, *words: str) -> None:
 def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     slurm_cluster, vit_data, tmp_path_factory
 ):
+    """Also srun mode's preemption as tests/test_slurm_preempt.py checks it in torchrun mode:
+    the requeue line, and the job's two attempts sending to one MLflow run."""
     straight_dir = tmp_path_factory.mktemp("straight")
     straight = submit(slurm_cluster, straight_dir, vit_data, "2")
     wait_until(lambda: finished(slurm_cluster, straight), f"job {straight}")
@@ -101,9 +104,15 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     reference = last_epoch(log_of(straight_dir, straight))
 
     run_dir = tmp_path_factory.mktemp("resized")
+    uri = f"sqlite:///{run_dir / 'mlflow.db'}"  # the job's two attempts: one MLflow run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)  # artifacts here, not in ./mlruns of the job (the repo)
+    experiment = client.create_experiment("resize", artifact_location=(run_dir / "artifacts").as_uri())
     # held until both nodes are free (other sessions share the cluster): a range starts on
     # what is free, and this test needs the job to start on both
-    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue", "--sbatch-arg=--hold")
+    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue", "--sbatch-arg=--hold",
+                    "--track", "mlflow", env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "resize"})
     wait_until(lambda: all_idle(slurm_cluster), "both nodes idle")
     scontrol(slurm_cluster, "release", job_id)
     script = (run_dir / "job.sbatch").read_text()
@@ -135,6 +144,7 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     assert stopped, log
     step, saved = int(stopped.group(1)), stopped.group(2)
     assert saved == str(run_dir / "own" / f"step-{step:08d}")  # the example's own folder
+    assert f"scalerun: saved {saved}; job {job_id} requeues itself (restart 1)" in log
     assert "2 rank(s) (1 per node)" in log and "1 rank(s) (1 per node)" in log
     assert (f"scalerun: resumed from step {step} ({saved}; epoch {step // 20}, batch {step % 20}; "
             "saved by 2 rank(s), this run has 1: an exact continuation: same global batch 16 "
@@ -147,6 +157,13 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     after = {n: (resized[n], (ref0[n] + ref1[n]) / 2)
              for n in range(step + 1, min(step + STEPS_AFTER, STEPS) + 1)}
     assert after and all(abs(a - b) <= STEP_ATOL for a, b in after.values()), after
+    # the requeued attempt's rank 0 continued the first one's MLflow run: one run, FINISHED,
+    # every step at its number, the report
+    assert "scalerun: rank 0 continues the MLflow run of this job's earlier attempt" in log, log
+    (found,) = client.search_runs([experiment])
+    assert found.info.status == "FINISHED"
+    assert {m.step for m in client.get_metric_history(found.info.run_id, "time/dt")} == set(range(1, STEPS + 1))
+    assert {a.path for a in client.list_artifacts(found.info.run_id, "report")} >= {"report/report.md"}
     (train, val, correct), (train_ref, val_ref, correct_ref) = last_epoch(log), reference
     assert abs(train - train_ref) <= LOSS_ATOL and abs(val - val_ref) <= LOSS_ATOL, (reference, log)
     assert abs(correct - correct_ref) <= 1, (reference, log)
