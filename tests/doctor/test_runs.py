@@ -193,10 +193,18 @@ def test_submitted_job_runs_the_rank_program_with_the_site(tmp_path: Path) -> No
 
 
 @pytest.mark.slurm
-def test_two_slurm_nodes_submitted_and_followed(slurm_cluster, tmp_path: Path) -> None:
+def test_two_slurm_nodes_submitted_and_followed_with_busbw_against_the_sites_links(
+    slurm_cluster, tmp_path: Path
+) -> None:
+    """One doctor job on 2 x 2 ranks: submitted, followed, bisected, and its bandwidth sweep
+    measured against a site stating 10 Gb/s NICs, one per node, two ranks per node: 0.625
+    GB/s per rank."""
+    site = tmp_path / "testnet.toml"
+    site.write_text('extends = "local"\n[network]\nnic_gbits = 10\nnics_per_node = 1\n')
     done = subprocess.run(
         [sys.executable, "-m", "scalerun", "doctor", "--nodes", "2", "--nproc-per-node", "2", "--bisect",
-         "--run-dir", str(tmp_path), *SMALL],
+         "--site", str(site), "--run-dir", str(tmp_path), "--max-bytes", "4M", "--iters", "3",
+         "--warmup", "1"],
         cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -206,20 +214,7 @@ def test_two_slurm_nodes_submitted_and_followed(slurm_cluster, tmp_path: Path) -
     assert "PASS  world-size   4 rank(s) on 2 node(s)" in out
     assert "PASS  bad-nodes    no bad node found (1 probe(s) in 1 round(s))" in out
     assert "PASS  all-reduce   exact sums on all 4 rank(s)" in out
-
-
-@pytest.mark.slurm
-def test_two_nodes_report_busbw_algbw_and_the_share_of_the_sites_links(slurm_cluster, tmp_path: Path) -> None:
-    """A site stating 10 Gb/s NICs, one per node, two ranks per node: 0.625 GB/s per rank."""
-    site = tmp_path / "testnet.toml"
-    site.write_text('extends = "local"\n[network]\nnic_gbits = 10\nnics_per_node = 1\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "scalerun", "doctor", "--nodes", "2", "--nproc-per-node", "2",
-         "--site", str(site), "--run-dir", str(tmp_path), "--max-bytes", "4M", "--iters", "3",
-         "--warmup", "1"],
-        cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    line = next(line for line in done.stdout.splitlines() if "bandwidth " in line and "busbw" in line)
+    line = next(line for line in out.splitlines() if "bandwidth " in line and "busbw" in line)
     assert "algbw" in line and "of the 0.625 GB/s of NIC bandwidth per rank the site states" in line
 
 
