@@ -16,23 +16,23 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.torch-$(TORCH_VERSION): | $(PY)
-	$(PY) -m pip install -q --no-compile torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
 	touch $@
 
 # The demo: torch (already the pinned one) and the example's h5py.
 $(VENV)/.demo: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
-	$(PY) -m pip install -q --no-compile -e '.[torch,example]'
+	$(PY) -m pip install -q -e '.[torch,example]'
 	touch $@
 
 # The tests: the test extra holds torch and h5py too, and the test tools.
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch-$(TORCH_VERSION)
-	$(PY) -m pip install -q --no-compile -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 # Optional strategies, tested for real by `make test`: DeepSpeed from PyPI, and Horovod
 # 0.28.1 built once against this torch (C++17 patch) and cached under ~/.cache/scalerun.
 $(VENV)/.extras: $(VENV)/.installed scripts/install_horovod.sh
-	$(PY) -m pip install -q --no-compile -e '.[test,deepspeed,frameworks]'
+	$(PY) -m pip install -q -e '.[test,deepspeed,frameworks]'
 	# DeepSpeed JIT-compiles its CPU comm op on first use (~1 min): do it here, not in a test
 	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null
 	scripts/install_horovod.sh $(PY)
