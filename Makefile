@@ -53,6 +53,9 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts
+	# Bytecode of our own code, once (0.3 s): where PYTHONDONTWRITEBYTECODE is set, as on
+	# these machines, every process of the suite would otherwise compile what it imports
+	$(PY) -m compileall -q src tests examples benchmarks > /dev/null
 	SCALERUN_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The edit loop: only the tests that start no process (not marked `processes`, see
