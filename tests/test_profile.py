@@ -34,6 +34,13 @@ def test_bad_rank_lists_are_one_line(spec) -> None:
     ("nsys profile -o mine", ["nsys", "profile", "-o", "mine"]),  # the user's own name is kept
     ("perf record -o {out}/perf-{rank}.data", ["perf", "record", "-o", f"{OUT}/perf-5.data"]),
     ("strace -f", ["strace", "-f"]),  # a tool that writes no file of its own
+    # Omniperf / rocprof-compute: mode, a name and a folder per rank, and the "--" before the app
+    ("omniperf", ["omniperf", "profile", "-n", "rank5", "--path", f"{OUT}/omniperf-rank5", "--"]),
+    ("omniperf profile -n run{rank} --", ["omniperf", "profile", "-n", "run5", "--path", f"{OUT}/omniperf-rank5", "--"]),
+    ("rocprof-compute profile --roof-only -d 3",
+     ["rocprof-compute", "profile", "--roof-only", "-d", "3", "-n", "rank5", "--path", f"{OUT}/rocprof-compute-rank5", "--"]),
+    ("/opt/rocm/bin/rocprof-compute profile --output-directory {out}/counters",
+     ["/opt/rocm/bin/rocprof-compute", "profile", "--output-directory", f"{OUT}/counters", "-n", "rank5", "--"]),
 ])
 def test_command_profilers_name_their_output_after_the_rank(profiler, words) -> None:
     assert prefix_words(profiler, OUT, 5) == words

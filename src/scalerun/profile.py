@@ -76,6 +76,8 @@ def prefix_words(profiler: str, out_dir: Path, rank: int) -> list[str]:
     if not words:
         raise ScalerunError("--profiler is empty; give torch or a command such as 'nsys profile'")
     tool = Path(words[0]).name
+    if tool in COMPUTE_PROFILERS:
+        return compute_profiler_words(words, out_dir, rank)
     named = any("{out}" in word or "{rank}" in word for word in shlex.split(profiler))
     if named or any(word in ("-o", "--output", "--output-file", "-d") for word in words):
         return words
@@ -86,3 +88,26 @@ def prefix_words(profiler: str, out_dir: Path, rank: int) -> list[str]:
         target = out_dir if flag == "-d" else out_dir / f"rocprof-rank{rank}.csv"
         return [*words, flag, str(target)]
     return words
+
+
+COMPUTE_PROFILERS = ("omniperf", "rocprof-compute")
+"""AMD's counter profiler: Omniperf, renamed ROCm Compute Profiler (``rocprof-compute``) in
+ROCm 6.3. Its command line differs from the tracers': a mode word (``profile``), a workload
+name (``-n``), an output folder (``--path``; ``--output-directory`` in the newest releases,
+which still take ``--path``) and ``--`` before the application."""
+
+
+def compute_profiler_words(words: list[str], out_dir: Path, rank: int) -> list[str]:
+    """``omniperf`` / ``rocprof-compute`` as the course runs it (``omniperf profile -n
+    run{rank} --``), completed: the ``profile`` mode where missing, a workload name and a
+    folder per rank where the user gave none, and the ``--`` that ends its options. Its own
+    default folder, ``./workloads/NAME``, would put every chosen rank's counters in the
+    directory the job started in."""
+    given = words[1:]
+    mode = [] if given[:1] == ["profile"] else ["profile"]
+    if "--" in given:
+        given = given[:given.index("--")]
+    named = ["-n", f"rank{rank}"] if not {"-n", "--name"} & set(given) else []
+    placed = {"-p", "--path", "--output-directory"} & set(given)
+    folder = [] if placed else ["--path", str(out_dir / f"{Path(words[0]).name}-rank{rank}")]
+    return [words[0], *mode, *given, *named, *folder, "--"]

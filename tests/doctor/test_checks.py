@@ -29,6 +29,16 @@ from tests.doctor.factsets import HSN, gpus_per_task, lumi_job, with_cpus
 Job = list[Facts]
 
 
+def hip_visibility(rocr: dict[str, str], name: str = "HIP_VISIBLE_DEVICES") -> Callable[[Job], Job]:
+    """Each rank shown only its GCD by HIP's variable (``name``), ROCr's as given."""
+    return lambda job: [replace(f, visible={**rocr, name: str(f.local_rank)}, gpu_count=1, gpu_index=0)
+                        for f in job]
+
+
+def rocr_per_rank(job: Job) -> Job:
+    return [replace(f, visible={"ROCR_VISIBLE_DEVICES": str(f.local_rank)}, gpu_count=1, gpu_index=0) for f in job]
+
+
 def change(ranks: Callable[[Facts], bool], **fields) -> Callable[[Job], Job]:
     """Replace ``fields`` on the ranks selected by ``ranks``."""
     return lambda job: [replace(f, **fields) if ranks(f) else f for f in job]
@@ -125,6 +135,16 @@ CASES: list[tuple[str, Callable[[Job], Job], dict, set[tuple[str, str]]]] = [
     ("one task per node with its own GCD", lambda job: [replace(f, local_world_size=1, world_size=2, rank=f.node_rank)
                                                         for f in gpus_per_task(job) if f.local_rank == 0],
      {}, {("world-size", WARN)}),
+    # HIP against ROCR visibility (course text 001:24): HIP's variable alone leaves ROCr all 8
+    ("HIP_VISIBLE_DEVICES=$LOCAL_RANK alone", hip_visibility({}), {}, {("rocr-visibility", WARN)}),
+    ("HIP_VISIBLE_DEVICES narrowing ROCR's 8", hip_visibility({"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}), {},
+     {("rocr-visibility", WARN)}),
+    ("CUDA_VISIBLE_DEVICES (HIP reads it too) alone", hip_visibility({}, "CUDA_VISIBLE_DEVICES"), {},
+     {("rocr-visibility", WARN)}),
+    ("ROCR_VISIBLE_DEVICES=$LOCAL_RANK, LUMI's select_gpu", rocr_per_rank, {}, set()),
+    ("HIP_VISIBLE_DEVICES inside ROCR's one GCD", lambda job: [
+        replace(f, visible={"ROCR_VISIBLE_DEVICES": str(f.local_rank), "HIP_VISIBLE_DEVICES": "0"}, gpu_count=1,
+                gpu_index=0) for f in job], {}, set()),
 ]
 
 
@@ -259,3 +279,20 @@ def test_node_labels_tell_launcher_nodes_apart_on_one_host() -> None:
     labels = node_labels(job)
     assert labels[0] == "vm#0" and labels[15] == "vm#1"
     assert node_labels(lumi_job())[9] == "nid005002"
+
+
+def test_hip_only_visibility_names_each_rank_and_what_rocr_still_opens() -> None:
+    found = verdict(run_checks(hip_visibility({})(lumi_job())), "rocr-visibility", WARN)
+    assert found.ranks == tuple(range(16))
+    assert found.details[3] == "rank 3 on nid005001: HIP_VISIBLE_DEVICES=3: ROCr opens 8 of 8, HIP shows 1"
+    assert "ROCR_VISIBLE_DEVICES" in found.fix
+
+
+def test_rocr_visibility_says_nothing_on_nvidia_or_cpu_nodes() -> None:
+    from scalerun.doctor.checks import check_rocr_visibility
+
+    nvidia = [replace(f, gpu_vendor="nvidia", visible={"CUDA_VISIBLE_DEVICES": str(f.local_rank)})
+              for f in lumi_job()]
+    cpu = [replace(f, gpu_vendor=None, node_gpus=0, visible={}) for f in lumi_job()]
+    assert check_rocr_visibility(nvidia) == [] and check_rocr_visibility(cpu) == []
+    assert [v.level for v in check_rocr_visibility(lumi_job())] == [PASS]

@@ -102,20 +102,39 @@ def test_two_ranks_leave_step_logs_monitor_samples_and_one_trace(tmp_path: Path)
     assert json.dumps(numbers).count('"rank": 1') >= 1 and (run / "report.html").is_file()
 
 
+OMNIPERF = """#!/bin/sh
+# A stand-in for omniperf: its command line (profile -n NAME --path DIR ... -- APP), checked
+# as the real one parses it; it writes what it was given into DIR and runs APP unchanged.
+[ "$1" = profile ] || { echo "omniperf: give a mode (profile)" >&2; exit 64; }
+shift
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+    case "$1" in --path) dir="$2"; shift ;; -n) name="$2"; shift ;; esac
+    shift
+done
+[ "$1" = "--" ] && [ -n "$name" ] && [ -n "$dir" ] || { echo "omniperf: -n, --path and -- needed" >&2; exit 64; }
+shift
+mkdir -p "$dir" && echo "$name $*" > "$dir/args.txt"
+exec "$@"
+"""
+
+
 def test_a_command_profiler_wraps_only_the_chosen_rank(tmp_path: Path) -> None:
-    """A stand-in profiler records its arguments in a file named after the rank, then runs
-    the rank's command unchanged, as nsys or rocprof would."""
-    fake = tmp_path / "fakeprof"
-    fake.write_text('#!/bin/sh\nout="$2"; shift 2\necho "$@" > "$out"\nexec "$@"\n')
+    """``--profiler omniperf`` (the course's ``omniperf profile -n run{rank} --``), by name
+    only: a stand-in with omniperf's command line gets its mode, a workload name and a folder
+    of the chosen rank's own, and runs the rank's command unchanged. The generic prefix
+    (``{out}``, ``{rank}``, nsys, rocprof) is tested in tests/test_profile.py."""
+    fake = tmp_path / "bin" / "omniperf"
+    fake.parent.mkdir()
+    fake.write_text(OMNIPERF)
     fake.chmod(0o755)
     run = tmp_path / "run"
-    done = launch(tmp_path, "--run-dir", str(run), "--profile-ranks", "0", "--profiler",
-                  f"{fake} -o {{out}}/fake-rank{{rank}}.txt", "--no-monitor", steps=5)
+    done = launch(tmp_path, "--run-dir", str(run), "--profile-ranks", "0", "--profiler", str(fake),
+                  "--no-monitor", steps=5)
     assert done.returncode == 0, done.stderr
     written = sorted(p.relative_to(run).as_posix() for p in (run / "profile").rglob("*.txt"))
-    assert written == ["profile/rank-0/fake-rank0.txt"]
+    assert written == ["profile/rank-0/omniperf-rank0/args.txt"]
     wrapped = (run / written[0]).read_text().split()
-    assert wrapped[-3:] == [str(tmp_path / "train.py"), "5", "0.0"]
+    assert wrapped[0] == "rank0" and wrapped[-3:] == [str(tmp_path / "train.py"), "5", "0.0"]
     assert done.stdout.count("trained 5") == 1  # rank 0 prints, and it ran to its end
 
 

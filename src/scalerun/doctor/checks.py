@@ -23,7 +23,7 @@ from scalerun.doctor.collectives import AllreduceResult, BandwidthRow, BarrierRe
 from scalerun.doctor.facts import Facts
 from scalerun.netconf.interfaces import interface_kind
 from scalerun.plan import variables
-from scalerun.plan.gpu import one_gpu_per_rank
+from scalerun.plan.gpu import one_gpu_per_rank, visible_physical
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Nic
 
@@ -198,6 +198,53 @@ def check_devices(facts: Sequence[Facts]) -> list[Verdict]:
                             (f"rank {f.rank} on {f.host}: {_shown(f.visible)}" for f in phantom)))
     out += _uneven_visibility(facts)
     return out or [passed("devices", _device_summary(facts))]
+
+
+def check_rocr_visibility(facts: Sequence[Facts]) -> list[Verdict]:
+    """On AMD nodes, each rank's GPUs are chosen where ROCr chooses them, not by HIP alone.
+
+    Why: ROCm hides GPUs at two levels (AMD's "GPU isolation techniques"):
+    ``ROCR_VISIBLE_DEVICES`` in ROCr, the runtime under HIP, RCCL and every other ROCm
+    library, and ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) in HIP only. With the
+    second alone, ROCr still opens every GPU of the node in every rank; HIP shows fewer.
+    The course (text 001, line 24) warns that the two ways differ in how GPUs copy to each
+    other (blit kernels or DMA engines), and SLURM and scalerun's plan set ROCR. A WARN:
+    the training runs. Nothing is said on other nodes, where the variables do not apply."""
+    vendors = {f.host: f.gpu_vendor for f in facts if f.gpu_vendor}
+    amd = [f for f in facts if vendors.get(f.host) == "amd" and f.node_gpus]
+    bad = [f for f in amd if _hip_hides_more(f)]
+    if bad:
+        return [_verdict(WARN, "rocr-visibility", "HIP_VISIBLE_DEVICES hides GPUs from HIP only: "
+                         "ROCr, under HIP and RCCL, still opens more of the node's GPUs",
+                         "choose each rank's GPU with ROCR_VISIBLE_DEVICES instead (scalerun's plan does; "
+                         "drop HIP_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES from the job)", bad,
+                         (f"rank {f.rank} on {f.host}: {_shown(f.visible)}: ROCr opens "
+                          f"{_count(_rocr_sees(f))} of {f.node_gpus}, HIP shows {_count(_hip_sees(f))}"
+                          for f in bad))]
+    if not amd:
+        return []
+    return [passed("rocr-visibility", "ROCR_VISIBLE_DEVICES (or nothing) chooses the ranks' GPUs, "
+                   "the level ROCr, HIP and RCCL share")]
+
+
+def _rocr_sees(fact: Facts) -> list[int] | None:
+    rocr = {k: v for k, v in fact.visible.items() if k == "ROCR_VISIBLE_DEVICES"}
+    return visible_physical(rocr, fact.node_gpus, "amd")
+
+
+def _hip_sees(fact: Facts) -> list[int] | None:
+    return visible_physical(fact.visible, fact.node_gpus, "amd")
+
+
+def _hip_hides_more(fact: Facts) -> bool:
+    """HIP's variables leave this rank fewer GPUs than ROCr opens (lists of indices only:
+    UUIDs only the runtime can map)."""
+    rocr, hip = _rocr_sees(fact), _hip_sees(fact)
+    return rocr is not None and hip is not None and len(hip) < len(rocr)
+
+
+def _count(indices: list[int] | None) -> str:
+    return "?" if indices is None else str(len(indices))
 
 
 def own_gpu_advice(facts: Sequence[Facts]) -> str:
@@ -692,6 +739,7 @@ CHECKS: tuple[Callable[[Sequence[Facts]], list[Verdict]], ...] = (
     check_gpu_count,
     check_gpu_sharing,
     check_slurm_gpu_binding,
+    check_rocr_visibility,
     check_cpu_binding,
     check_numa,
     check_interfaces,
