@@ -333,6 +333,42 @@ def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_train(
     assert warm.shared_modules(program, forks) == (warm.TRAINING_MODULES if preloaded else ())
 
 
+@pytest.mark.parametrize(("entry", "text", "lean"), [
+    ("file", "import os, sys\nfrom pathlib import Path\nprint(sys.argv)\n", True),
+    ("file", "import json\ndef later():\n    import numpy\n", False),  # imports in functions count
+    ("file", "from mypkg.train import main\nmain()\n", False),  # its own package may import torch
+    ("file", "from . import helpers\n", False),
+    ("file", "from __future__ import annotations\nimport xml.etree.ElementTree\n", True),
+    ("file", "import torch\n", False),
+    ("file", "def broken(:\n", False),
+    ("code", "import time; time.sleep(1)", True),
+    ("module", "", False),  # not read: finding its file would import its package here
+    ("missing", "", False),
+])
+def test_a_program_of_the_standard_library_alone_gets_a_starter_without_torch(
+        tmp_path: Path, entry: str, text: str, lean: bool) -> None:
+    target = text
+    if entry in ("file", "missing"):
+        target = str(tmp_path / "probe.py")
+        if entry == "file":
+            Path(target).write_text(text)
+    program = warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
+    assert warm.stdlib_only(program) is lean
+
+
+def test_ranks_of_a_standard_library_program_are_forked_without_torch(tmp_path: Path) -> None:
+    """Forked, as any warm rank (one starter is both ranks' parent), but torch is not
+    imported in them, as in a fresh interpreter running the same script."""
+    script = write(tmp_path, "probe.py", "import os, sys\n"
+                   "print('PROBE', os.getppid(), 'torch' in sys.modules, flush=True)\n")
+    result = launch("--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.stderr
+    probes = [line.split("PROBE ", 1)[1].split() for line in result.stdout.splitlines() if "PROBE " in line]
+    assert len(probes) == 2 and {torch for _, torch in probes} == {"False"}, result.stdout
+    assert len({parent for parent, _ in probes}) == 1  # one starter forked both
+    assert "starting each rank with exec" not in result.stderr
+
+
 def test_a_zipapp_runs_as_python_runs_it(tmp_path: Path) -> None:
     import zipfile
 

@@ -357,7 +357,8 @@ def warm_starter(options: LocalOptions, command: list[str], forks: int, *,
         fork = starter.fork_here
     try:
         return warm.Starter(program.python, options.preload, os.environ,
-                            also=warm.shared_modules(program, forks), fork_here=fork)
+                            also=warm.shared_modules(program, forks), fork_here=fork,
+                            lean=warm.stdlib_only(program))
     except warm.Fallback as fallback:
         warm.say(str(fallback))
         return None

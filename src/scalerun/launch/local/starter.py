@@ -53,14 +53,23 @@ DDP imports on top (``torch._dynamo``) is preloaded only where the launcher asks
 (:func:`.warm.shared_modules`): 1.3 s of CPU in a starter whose ranks never train."""
 
 
+LEAN_PRELOAD = ("scalerun", "scalerun.launch.local.start", "scalerun.launch.local.forked_rank")
+"""What the starter preloads for a program that imports only Python's standard library
+(:func:`.warm.stdlib_only`): what a forked rank needs, without torch, which such a rank
+never imports (1.6 s of CPU per launch here, and ``"torch" in sys.modules`` would differ
+from a fresh interpreter's)."""
+
 ALSO = "--also="
 """The starter's word for a module scalerun asks it to preload (:func:`.warm.shared_modules`)."""
+LEAN = "--lean"
+"""The starter's word for :data:`LEAN_PRELOAD` instead of :data:`DEFAULT_PRELOAD`."""
 
 
-def preload(modules: list[str], also: Sequence[str] = ()) -> str | None:
-    """Import the defaults, then ``also`` (scalerun's choice for this launch), then
-    ``modules`` (the user's), in order: None, or one line naming the first that failed."""
-    for name in [*DEFAULT_PRELOAD, *also, *modules]:
+def preload(modules: list[str], also: Sequence[str] = (), *, lean: bool = False) -> str | None:
+    """Import the defaults (``lean``: :data:`LEAN_PRELOAD`), then ``also`` (scalerun's
+    choice for this launch), then ``modules`` (the user's), in order: None, or one line
+    naming the first that failed."""
+    for name in [*(LEAN_PRELOAD if lean else DEFAULT_PRELOAD), *also, *modules]:
         try:
             importlib.import_module(name)
         except BaseException as error:  # noqa: BLE001 - SystemExit from a module too
@@ -193,13 +202,15 @@ def tell(control: socket.socket, line: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m scalerun.launch.local.starter [--also=MODULE ...] [MODULE ...]``: preload
-    (``--also``: scalerun's choice, the rest the user's ``--preload``), tell, serve; a
-    forked child goes on to become its rank, and returns only as the rank's program ends."""
+    """``python -m scalerun.launch.local.starter [--lean] [--also=MODULE ...] [MODULE ...]``:
+    preload (``--lean``: no torch; ``--also``: scalerun's choice, the rest the user's
+    ``--preload``), tell, serve; a forked child goes on to become its rank, and returns only
+    as the rank's program ends."""
     args = sys.argv[1:] if argv is None else argv
     also = [word.split("=", 1)[1] for word in args if word.startswith(ALSO)]
     control = socket.socket(fileno=int(os.environ.pop(wire.CONTROL_FD)))
-    failure = preload([word for word in args if not word.startswith(ALSO)], also)
+    modules = [word for word in args if not word.startswith(ALSO) and word != LEAN]
+    failure = preload(modules, also, lean=LEAN in args)
     if failure is not None:
         tell(control, wire.event("failed", reason=failure))
         return

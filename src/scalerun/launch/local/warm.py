@@ -19,6 +19,7 @@ dies, and a starter that died is said in one line while its ranks are stopped he
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -104,6 +105,39 @@ def shared_modules(program: PythonProgram, forks: int) -> tuple[str, ...]:
     A program read wrongly costs only time: a rank imports what it needs after the fork,
     as with ``exec``. ``--preload torch._dynamo`` preloads them whatever the program says."""
     return TRAINING_MODULES if forks > 1 and may_train(program) else ()
+
+
+def stdlib_only(program: PythonProgram) -> bool:
+    """Whether ``program``'s own text imports nothing but Python's standard library (a
+    probe, a tool, a shell-like script): its ranks never import torch, so the starter does
+    not either (:data:`.starter.LEAN_PRELOAD`). False where the text cannot be read or
+    parsed, or for a module (finding its file would import its package here): a training
+    script that imports its own package (``from mypkg import main``) keeps torch preloaded.
+    Imports inside functions count too; ``importlib`` by name does not (a rank imports what
+    it needs after the fork: read wrongly, this costs only time)."""
+    if program.entry == "code":
+        text = program.target
+    elif program.entry == "file":
+        try:
+            with open(program.target, "rb") as handle:
+                text = handle.read(_READ_AT_MOST).decode("utf-8", errors="replace")
+        except OSError:
+            return False
+    else:
+        return False
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                return False  # a relative import: the program's own package
+            names.add((node.module or "").split(".")[0])
+    return all(name in sys.stdlib_module_names or name == "__future__" for name in names)
 
 
 def may_train(program: PythonProgram) -> bool:
@@ -193,14 +227,15 @@ class Starter:
     """One node's starter process, and the ranks it forked for this launcher."""
 
     def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str], *,
-                 also: Sequence[str] = (),
+                 also: Sequence[str] = (), lean: bool = False,
                  fork_here: Callable[[socket.socket, socket.socket, Sequence[str]], int | None] | None = None,
                  ) -> None:
         """Start the starter: ``python -u -m scalerun.launch.local.starter``, or, where
         ``fork_here`` (:func:`.starter.fork_here`) can, as a fork of this process, which has
         imported torch already (torch elastic's agent): one import of torch per node. Only
         without a user's preload (a user's module might open a GPU, here in the agent) and
-        for the same python. ``also``: scalerun's own extra preloads (:func:`shared_modules`)."""
+        for the same python. ``also``: scalerun's own extra preloads (:func:`shared_modules`);
+        ``lean``: no torch (:func:`stdlib_only`), for a starter of its own only."""
         ours, theirs = socket.socketpair()
         self.control = ours
         self.changed = threading.Condition()
@@ -229,8 +264,8 @@ class Starter:
             return
         try:
             self.proc = subprocess.Popen(
-                [python, "-u", "-m", "scalerun.launch.local.starter", *(f"--also={name}" for name in also),
-                 *preload],
+                [python, "-u", "-m", "scalerun.launch.local.starter", *(["--lean"] if lean else []),
+                 *(f"--also={name}" for name in also), *preload],
                 env={**env, wire.CONTROL_FD: str(theirs.fileno())}, pass_fds=(theirs.fileno(),),
                 start_new_session=True, preexec_fn=ending_with_launcher())
         except OSError as error:
