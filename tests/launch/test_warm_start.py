@@ -324,13 +324,19 @@ def test_reading_a_rank_command() -> None:
 ])
 def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_train(
         tmp_path: Path, entry: str, text: str, forks: int, preloaded: bool) -> None:
+    program = program_of(tmp_path, entry, text)
+    assert warm.shared_modules(program, forks) == (warm.TRAINING_MODULES if preloaded else ())
+
+
+def program_of(folder: Path, entry: str, text: str) -> warm.PythonProgram:
+    """A program as the launcher reads it: ``text`` as a file (``file``), as ``-c`` code,
+    a module, or a file that does not exist (``missing``)."""
     target = text
     if entry in ("file", "missing"):
-        target = str(tmp_path / "train.py")
+        target = str(folder / "program.py")
         if entry == "file":
             Path(target).write_text(text)
-    program = warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
-    assert warm.shared_modules(program, forks) == (warm.TRAINING_MODULES if preloaded else ())
+    return warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
 
 
 @pytest.mark.parametrize(("entry", "text", "lean"), [
@@ -347,12 +353,7 @@ def test_ddp_imports_are_preloaded_only_where_forked_ranks_may_train(
 ])
 def test_a_program_of_the_standard_library_alone_gets_a_starter_without_torch(
         tmp_path: Path, entry: str, text: str, lean: bool) -> None:
-    target = text
-    if entry in ("file", "missing"):
-        target = str(tmp_path / "probe.py")
-        if entry == "file":
-            Path(target).write_text(text)
-    program = warm.PythonProgram("python3", "file" if entry == "missing" else entry, target, ())
+    program = program_of(tmp_path, entry, text)
     assert warm.stdlib_only(program) is lean
 
 
