@@ -50,7 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: names and small helpers any layer may use
     ("version", "errors", "plan.variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
     # 1: readers of a node and a run, and the small acts on this process
-    ("topology", "placement", "rundir", "run_writer", "follow", "events", "profile", "affinity", "membind"),
+    ("topology", "placement", "job", "rundir", "run_writer", "follow", "events", "profile", "affinity",
+     "membind"),
     # 2: site data and the communication rules the planner applies
     ("sites", "netconf"),
     # 3: the pure planner
