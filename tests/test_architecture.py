@@ -50,7 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: names and small helpers any layer may use
     ("version", "errors", "plan.variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
     # 1: readers of a node and a run, and the small acts on this process
-    ("topology", "placement", "rundir", "run_writer", "follow", "events", "profile", "affinity", "membind"),
+    ("topology", "placement", "job", "rundir", "run_writer", "follow", "events", "profile", "affinity",
+     "membind"),
     # 2: site data and the communication rules the planner applies
     ("sites", "netconf"),
     # 3: the pure planner
@@ -75,6 +76,12 @@ DeepSpeed's own ``add_config_arguments`` API takes."""
 
 NAMES_MODULE = "plan.variables"
 """The one module that spells ``SCALERUN_*`` names (see its docstring)."""
+
+SCHEDULER_MODULES = ("placement", "job", "launch.slurm")
+"""The rooms that spell a scheduler's variables: placement and the job read them, the SLURM
+backend writes its job scripts with them. Every other module asks ``Placement.job`` (issue
+32), so a new scheduler (``PBS_*``, ``FLUX_*``) is taught in these places only."""
+SCHEDULER_WORDS = ("SLURM_", "SLURMD_")
 
 # (rooms that import, rooms they must not import): the import rules of issue 18.
 FORBIDDEN: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -422,6 +429,22 @@ def spelled_names(src: Path, word: str = "SCALERUN_", package: str = PACKAGE) ->
     return sorted(found)
 
 
+def scheduler_names_outside(src: Path, package: str = PACKAGE) -> list[str]:
+    """Every spelling of a scheduler's variable (:data:`SCHEDULER_WORDS`) in a string
+    constant, docstrings left out, of a module outside :data:`SCHEDULER_MODULES`."""
+    found = {text for word in SCHEDULER_WORDS for text in spelled_names(src, word, package)}
+    return sorted(text for text in found
+                  if not any(within(text.split(" ")[0].removeprefix(package + "."), room)
+                             for room in SCHEDULER_MODULES))
+
+
+def test_scheduler_variables_are_spelled_only_in_placement_job_and_the_slurm_backend() -> None:
+    bad = scheduler_names_outside(SRC)
+    assert not bad, (
+        f"a scheduler's variable spelled outside {', '.join(SCHEDULER_MODULES)} (ask "
+        "Placement.job / scalerun.job.detect_job, or name it there):" + "".join(f"\n  {text}" for text in bad))
+
+
 def test_scalerun_names_are_spelled_only_in_plan_variables() -> None:
     names_module = f"{PACKAGE}.{NAMES_MODULE} "
     bad = [text for text in spelled_names(SRC) if not text.startswith(names_module)]
@@ -450,7 +473,8 @@ FAKE = {
     "launch/slurm/__init__.py": "",
     "launch/slurm/render.py": "import argparse\nif __name__ == '__main__':\n    import fake.launch.local\n",
     "runtime/__init__.py": "",
-    "runtime/init.py": "",
+    "runtime/init.py": "x = f'{1}SLURMD_NODENAME'\ny = 'SLURM_JOB_ID'\n'''SLURM_DOC'''\n",
+    "launch/slurm/job.py": "x = 'SLURM_JOB_ID'\n",
     "topology.py": "x = f'{1} SCALERUN_X {2}'\n'''SCALERUN_DOC'''\n",
 }
 
@@ -486,3 +510,4 @@ def test_the_checker_finds_circles_crossing_backends_and_spelled_names(fake: Pat
     assert floors({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == 3
     assert [e.source for e in argparse_imports(fake, "fake")] == ["fake.launch.slurm.render"]
     assert [t.split(" ")[0] for t in spelled_names(fake, package="fake")] == ["fake.topology"]
+    assert [t.split(" ")[0] for t in scheduler_names_outside(fake, "fake")] == ["fake.runtime.init"] * 2

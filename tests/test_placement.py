@@ -362,6 +362,19 @@ def test_captured_batch_script_is_single_process() -> None:
     assert (placement.launcher, placement.world_size) == ("single", 1)
 
 
+@pytest.mark.parametrize(("environ", "zero"), [
+    ({}, True),  # a single process
+    ({"RANK": "0", "SLURM_PROCID": "3"}, True),  # torchrun's rank inside an srun task
+    ({"SLURM_PROCID": "3"}, False),
+    ({"OMPI_COMM_WORLD_RANK": " 0\n"}, True),
+    ({"PMI_RANK": "1"}, False),
+])
+def test_is_rank_zero_reads_the_first_rank_variable_set(environ: dict[str, str], zero: bool) -> None:
+    from scalerun.placement import is_rank_zero
+
+    assert is_rank_zero(environ) is zero
+
+
 def test_split_exports_keeps_the_users_values_and_refuses_a_stale_identity() -> None:
     from scalerun.placement import split_exports
 

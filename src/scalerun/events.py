@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerun import strict_json
+from scalerun.job import detect_job
 from scalerun.plan.variables import EVENTS_FILE
 from scalerun.run_writer import append_or_say
 
@@ -85,10 +86,11 @@ def started_again(environ: Mapping[str, str]) -> list[Event]:
     if restarts:
         found.append(Event(kind="restart", message=f"the ranks were started again after a failure "
                                                    f"(restart {restarts})", details={"restart": restarts}))
-    requeues = _count(environ.get("SLURM_RESTART_COUNT"))
+    job = detect_job(environ)
+    requeues = job.restart_count
     if requeues:
-        job = environ.get("SLURM_JOB_ID", "?")
-        found.append(Event(kind="requeued", message=f"SLURM job {job} started again (requeue {requeues})",
+        found.append(Event(kind="requeued",
+                           message=f"SLURM job {job.job_id or '?'} started again (requeue {requeues})",
                            details={"requeue": requeues}))
     return found
 

@@ -3,7 +3,9 @@
 This module decides, for the current process, its global rank, local rank, world size,
 node rank, node count and the rendezvous address and port, from the variables that
 torchrun, SLURM (srun), Open MPI, MPICH/PMI or DeepSpeed's launcher set. It is the one
-place that reads those variables; launchers, job scripts and checks ask it.
+place that reads those variables; launchers, job scripts and checks ask it. The job
+around the ranks (scheduler, job id, node name, restarts) is :mod:`scalerun.job`'s, and
+:func:`detect` hands it on as :attr:`Placement.job`.
 
 It must never write the environment or probe hardware: exporting ``RANK`` and friends
 is a separate, explicit step (:meth:`Placement.to_env`). Required values are read
@@ -23,11 +25,12 @@ import os
 import re
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import hostlist
 
 from scalerun.errors import PlacementError
+from scalerun.job import Job, detect_job
 
 DEFAULT_MASTER_PORT = 29500
 # Ports derived from a job id land here: above the well-known and registered service
@@ -59,6 +62,9 @@ class Placement:
     """The job's nodes in order, where the launcher tells them."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """For each field, the variable (or rule) it came from, for ``--explain`` output."""
+    job: Job = field(default_factory=Job)
+    """The scheduler's job around the ranks (:func:`scalerun.job.detect_job`), whichever
+    launcher started them: a torchrun inside a SLURM job is still that job."""
 
     @property
     def is_main(self) -> bool:
@@ -151,7 +157,7 @@ def _port(environ: Mapping[str, str]) -> tuple[int, str]:
         if port > 65535:
             raise PlacementError(f"MASTER_PORT={port} is not a TCP port; use 1024-65535")
         return port, "MASTER_PORT"
-    job_id = environ.get("SLURM_JOB_ID")
+    job_id = detect_job(environ).job_id
     if job_id:
         return master_port_for_job(job_id), "derived from SLURM_JOB_ID"
     return DEFAULT_MASTER_PORT, "default"
@@ -175,15 +181,14 @@ def job_rendezvous(environ: Mapping[str, str]) -> str:
     Used in a batch script (outside any srun step, where :func:`detect` rightly sees no
     ranks) for torchrun's ``--rdzv-endpoint``; MASTER_ADDR/MASTER_PORT set by the user win.
     """
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    job_id = environ.get("SLURM_JOB_ID")
-    if not nodelist or not job_id:
+    job = detect_job(environ)
+    if not job.node_list or not job.job_id:
         raise PlacementError(
             "SLURM_JOB_NODELIST and SLURM_JOB_ID are not set: --rendezvous works only inside a "
             "SLURM job (a batch script or salloc shell)"
         )
-    host = environ.get("MASTER_ADDR") or expand_hosts(nodelist)[0]
-    port = environ.get("MASTER_PORT") or str(master_port_for_job(job_id))
+    host = environ.get("MASTER_ADDR") or expand_hosts(job.node_list)[0]
+    port = environ.get("MASTER_PORT") or str(master_port_for_job(job.job_id))
     return f"{host}:{port}"
 
 
@@ -488,11 +493,12 @@ def detect(environ: Mapping[str, str] | None = None) -> Placement:
     inconsistent; never guesses a world size.
     """
     env = os.environ if environ is None else environ
+    job = detect_job(env)
     for _name, reader in DETECTORS:
         placement = reader(env)
         if placement is not None:
-            return placement
-    return _single(env)
+            return replace(placement, job=job)
+    return replace(_single(env), job=job)
 
 
 def launcher_name(environ: Mapping[str, str] | None = None) -> str:
@@ -537,10 +543,24 @@ def on_one_node(local_rank: int, local_world_size: int, *, source: str) -> Place
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
-    """This node's name as the scheduler knows it (``SLURMD_NODENAME``), else the host name.
+    """This node's name as the scheduler knows it (:attr:`Job.node_name`), else the host name.
 
     SLURM's name is what ``--exclude`` and ``--nodelist`` take, and it stays unique where
     host names repeat or differ from it (containers, aliases, test clusters).
     """
     env = os.environ if environ is None else environ
-    return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname()
+    return detect_job(env).node_name or socket.gethostname()
+
+
+#: Where a bare global rank can be read before any placement is (``scalerun.print`` before
+#: ``init()``), in this order.
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def is_rank_zero(environ: Mapping[str, str]) -> bool:
+    """Whether the first of :data:`RANK_VARIABLES` that is set says rank 0 (True where none
+    is: a single process). Lenient, unlike :func:`detect`: it only decides who prints."""
+    for name in RANK_VARIABLES:
+        if name in environ:
+            return environ[name].strip() == "0"
+    return True

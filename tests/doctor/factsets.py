@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scalerun.doctor.facts import Facts, Smoke, planned_gpu
+from scalerun.job import detect_job
 from scalerun.this_rank import plan_this_rank
 from scalerun.topology import gpu_numa, read_node, read_online_cpus
 from scalerun.topology.cpulist import parse_cpulist
@@ -69,7 +70,7 @@ def lumi_rank(rank: int, nodes: int = 2) -> Facts:
         nics=NICS, nearest_nic=nic, nccl_ifname=HSN, gloo_ifname=HSN, recommended_ifname=HSN,
         environment=(("NCCL_SOCKET_IFNAME", HSN, "site"), ("NCCL_NET_GDR_LEVEL", "PHB", "rocm")),
         plugins=("/opt/aws-ofi-rccl/lib/librccl-net.so",), transport="ofi-plugin",
-        versions=dict(VERSIONS), job=dict(JOB),
+        versions=dict(VERSIONS), job=detect_job(JOB),
         caches=(("MIOPEN_USER_DB_PATH", f"/tmp/u-miopen-cache-{node}", True),),
         smoke=Smoke(device_count=8, ok=True, max_error=2e-7, tflops=21.5),
     )

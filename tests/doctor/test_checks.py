@@ -24,6 +24,7 @@ from scalerun.doctor.checks import (
     run_checks,
 )
 from scalerun.doctor.facts import Facts, Smoke
+from scalerun.job import Job as SchedulerJob
 from tests.doctor.factsets import HSN, gpus_per_task, lumi_job, with_cpus
 
 Job = list[Facts]
@@ -63,8 +64,8 @@ def more_ranks_than_gcds(job: Job) -> Job:
         twin = first[rank // 2]
         half = twin.cpus[:3] if rank % 2 == 0 else twin.cpus[3:]
         doubled.append(replace(with_cpus(twin, ",".join(map(str, half))), rank=rank, local_rank=rank, world_size=16,
-                               local_world_size=16, job={**twin.job, "SLURM_JOB_NUM_NODES": "1",
-                                                         "SLURM_JOB_NODELIST": "nid005001"}))
+                               local_world_size=16, job=replace(twin.job, node_count=1,
+                                                                node_list="nid005001")))
     return doubled
 
 
@@ -260,7 +261,7 @@ def test_idle_node_is_named_in_host_list_form() -> None:
 
 def test_loopback_is_fine_on_one_machine() -> None:
     job = [replace(f, gloo_ifname="lo", nccl_ifname=None) for f in lumi_job() if f.node_rank == 0]
-    job = [replace(f, world_size=8, job={}) for f in job]
+    job = [replace(f, world_size=8, job=SchedulerJob()) for f in job]
     assert problems(run_checks(job)) == set()
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from scalerun.launch.local.job import PREFIX_VARIABLE
 from scalerun.launch.mpirun.output import RankLines
-from scalerun.launch.prefix import SRUN_PREFIX, elastic_template, fill_node, rank_prefix, short_node
-from scalerun.launch.slurm.render import PREFIX_LINES, render_sbatch, srun_command
+from scalerun.launch.prefix import elastic_template, fill_node, rank_prefix, short_node
+from scalerun.launch.slurm.render import PREFIX_LINES, SRUN_PREFIX, render_sbatch, srun_command
 from tests.launch.requests import local_job, request, slurm_job
 
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 
 from scalerun.errors import LaunchError
+from scalerun.job import detect_job
 from scalerun.launch.process import exec_command
 from scalerun.launch.rank_env import decided_env, exported_env, step_hooks_env
 from scalerun.plan import variables
@@ -111,12 +112,12 @@ def srun_cpu_bind_here(
         raise LaunchError(f"--srun-cpu-bind {ranks_per_node}: give the ranks per node, 1 or more")
     allowed = frozenset(os.sched_getaffinity(0)) if allowed is None else allowed
     allowed, _ = within_cpuset(allowed, read_cpuset(sysfs_root(None, environ)))
-    if "SLURMD_NODENAME" not in environ:
+    job = detect_job(environ)
+    if job.node_name is None:
         return "", "not on a node of the job (an salloc shell?): CPU binding left to SLURM"
-    on_node = environ.get("SLURM_CPUS_ON_NODE", "")
-    if on_node.isdigit() and int(on_node) != len(allowed):
+    if job.cpus_on_node is not None and job.cpus_on_node != len(allowed):
         return "", (
-            f"this shell may use {len(allowed)} CPUs but the job has {on_node} on this "
+            f"this shell may use {len(allowed)} CPUs but the job has {job.cpus_on_node} on this "
             "node (not confined by SLURM): CPU binding left to SLURM"
         )
     try:
@@ -124,10 +125,9 @@ def srun_cpu_bind_here(
                                         allowed_cpus=",".join(map(str, sorted(allowed))))
     except ScalerunError as error:
         return "", f"no binding plan ({error}); CPU binding left to SLURM"
-    nodes = environ.get("SLURM_JOB_NUM_NODES", "1").strip()
     held = allowed | node.reserved.cpus  # the site's reserved cores are nobody's
     lacking = [core for core in topology.cores if held.isdisjoint(core.threads)]
-    if nodes.isdigit() and int(nodes) > 1 and lacking:
+    if (job.node_count or 1) > 1 and lacking:
         return "", (
             f"the job lacks {len(lacking)} of this node's cores, and the CPUs it has on its other "
             "nodes may be others (srun would refuse masks they lack): CPU binding left to "
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_sampler(environ: Mapping[str, str]) -> None:
     """In a SLURM task (srun step), local rank 0 of each node starts the node's sampler."""
-    if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:
+    if detect_job(environ).step_id is not None:
         from scalerun.launch.observe import start_sampler_for_task
 
         start_sampler_for_task(environ)
@@ -215,7 +215,7 @@ def _note_another_version(environ: Mapping[str, str]) -> None:
 
     from scalerun.version import __version__
 
-    if environ.get("SLURM_LOCALID", environ.get("LOCAL_RANK", "0")).strip() != "0":
+    if not detect_job(environ).leads_node:
         return
     try:
         theirs = metadata.version("scalerun")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from scalerun.cli import EXIT_USER_ERROR, OneLineParser
 from scalerun.errors import ScalerunError
-from scalerun.monitor.node import NODE_VARIABLE, SAMPLER_MODULE, NodeConfig, parse_pid, run
+from scalerun.job import NODE_NAME_VARIABLE
+from scalerun.monitor.node import SAMPLER_MODULE, NodeConfig, parse_pid, run
 from scalerun.monitor.sampler import DEFAULT_INTERVAL_S, FLUSH_S
 from scalerun.monitor.select import CHOICES, check_choice
 from scalerun.placement import node_name
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds between writes (default {FLUSH_S:g}; 0: every sample, for a live view)",
     )
     parser.add_argument(
-        "--node", help=f"node name in the record (default: ${NODE_VARIABLE}, else the host name)"
+        "--node", help=f"node name in the record (default: ${NODE_NAME_VARIABLE}, else the host name)"
     )
     ranks = parser.add_mutually_exclusive_group()
     ranks.add_argument(

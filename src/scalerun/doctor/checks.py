@@ -141,7 +141,7 @@ def _local_sizes(facts: Sequence[Facts]) -> list[Verdict]:
 
 def _idle_nodes(facts: Sequence[Facts]) -> list[Verdict]:
     """Allocated nodes that run no rank (torchrun started on one node of two, srun -N 1)."""
-    nodelist = facts[0].job.get("SLURM_JOB_NODELIST")
+    nodelist = facts[0].job.node_list
     if not nodelist:
         return []
     try:
@@ -161,7 +161,8 @@ def _idle_nodes(facts: Sequence[Facts]) -> list[Verdict]:
 def _idle_gpus(facts: Sequence[Facts]) -> list[Verdict]:
     details = []
     for host, group in by_host(facts).items():
-        gpus = int(group[0].job.get("SLURM_GPUS_ON_NODE", group[0].node_gpus) or 0)
+        held = group[0].job.gpus_on_node
+        gpus = group[0].node_gpus if held is None else held
         used = {f.gpu_pci or (f.gpu_index, tuple(f.visible.items())) for f in group if f.gpu_index is not None}
         if gpus and 0 < len(used) < gpus:
             details.append(f"{host}: {len(used)} of {gpus} GPUs in use")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalerun.doctor.deepspeed_ops import DeepSpeedFacts, deepspeed_from_dict
+from scalerun.job import Job, detect_job
 from scalerun.netconf.caches import CACHE_VARIABLES
 from scalerun.netconf.interfaces import interface_kind
 from scalerun.netconf.plugin import find_plugins
@@ -34,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerun.plan.rank import RankPlan
     from scalerun.runtime.context import Context
 
-JOB_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_GPUS_ON_NODE")
 CACHE_NAMES = frozenset(name for name, _, _ in CACHE_VARIABLES)
 
 
@@ -117,8 +117,9 @@ class Facts:
     transport: str | None = None
     """What NCCL/RCCL's own log says it used: ofi-plugin, ib, socket, unknown; None without NCCL."""
     versions: dict[str, str | None] = field(default_factory=dict)
-    job: dict[str, str] = field(default_factory=dict)
-    """The allocation's SLURM variables (job id, node count, node list, GPUs on the node)."""
+    job: Job = field(default_factory=Job)
+    """The scheduler's job as this rank sees it (job id, node count, node list, GPUs on
+    the node)."""
     caches: tuple[tuple[str, str, bool], ...] = ()
     """(variable, folder, ready) for each JIT cache folder."""
     smoke: Smoke | None = None
@@ -161,6 +162,9 @@ def facts_from_dict(data: Mapping[str, Any]) -> Facts:
         values["smoke"] = Smoke(**values["smoke"])
     if values.get("deepspeed") is not None:
         values["deepspeed"] = deepspeed_from_dict(values["deepspeed"])
+    if isinstance(values.get("job"), Mapping):
+        known = {f.name for f in fields(Job)}
+        values["job"] = Job(**{key: value for key, value in values["job"].items() if key in known})
     return Facts(**values)
 
 
@@ -313,6 +317,6 @@ def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: 
         planned_cpus=plan.binding.cpulist, suggested_bind=plan.node.srun_cpu_bind,
         **network_facts(topology, plan, env),
         environment=tuple((s.name, s.value, s.source) for s in plan.environment),
-        versions=library_versions(), job={k: env[k] for k in JOB_VARIABLES if k in env},
+        versions=library_versions(), job=detect_job(env),
         caches=cache_states(plan.environment), smoke=smoke, deepspeed=deepspeed,
     )

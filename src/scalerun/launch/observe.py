@@ -24,6 +24,7 @@ from typing import Any
 from scalerun import strict_json
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
+from scalerun.job import detect_job
 from scalerun.plan import variables
 from scalerun.plan.request import ObserveRequest
 from scalerun.redact import redact_data, secret_values
@@ -92,11 +93,10 @@ def start_sampler_for_task(environ: Mapping[str, str]) -> None:
     which ends by itself when this task's process (which exec replaces) ends. The sampler
     of the job's first node also watches every rank's step log for stragglers: straggling
     is relative to all ranks, and one watcher means one writer of each event."""
-    run_dir = run_dir_from(environ)
-    if run_dir is None or environ.get("SLURM_LOCALID", "0").strip() != "0":
+    run_dir, job = run_dir_from(environ), detect_job(environ)
+    if run_dir is None or not job.leads_node:
         return
-    first_node = environ.get("SLURM_NODEID", "0").strip() == "0"
-    start_sampler(run_dir, os.getpid(), environ, stragglers=first_node)
+    start_sampler(run_dir, os.getpid(), environ, stragglers=job.node_index in (None, 0))
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,9 @@ out which machine it was. There the node's short name follows the rank,
 
 The node is the scheduler's name where there is one (``SLURMD_NODENAME``, which
 ``--exclude`` takes), else the host name, cut at the first dot. This module only spells
-prefixes and templates; it reads no environment and starts nothing.
+prefixes and templates (the SLURM backend fills one with its task's variables in bash,
+:data:`scalerun.launch.slurm.render.SRUN_PREFIX`); it reads no environment and starts
+nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +37,6 @@ def elastic_template(several_nodes: bool) -> str:
     """torch elastic's prefix template: its ``[rank${rank}]: ``, with ``${node}`` on several
     nodes (filled by :func:`fill_node` where the agent runs)."""
     return rank_prefix(RANK_FIELD, NODE_FIELD if several_nodes else None)
-
-
-SRUN_PREFIX = rank_prefix("$SLURM_PROCID", "${SLURMD_NODENAME%%.*}")
-"""The prefix as bash spells it in an srun task: its rank and its node's short name."""
 
 
 def fill_node(template: str, node: str) -> str:

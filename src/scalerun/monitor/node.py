@@ -10,10 +10,11 @@ rank long enough to record the crash. Its flags are parsed at the CLI's edge,
     python -m scalerun.commands.node_sampler --out runs/x/monitor/nid005001.jsonl --ranks-file F
     python -m scalerun.commands.node_sampler --out /tmp/m.jsonl --pid 0:0:4242 --pid 1:1:4243
 
-This module decides the node name (SLURM's ``SLURMD_NODENAME``, since host names repeat
-in containers and test clusters; else the host name), the command line a launcher runs
-(:func:`node_command`, so no launcher spells the flags itself) and how a ``--pid`` value
-reads (:func:`parse_pid`, the inverse of that spelling).
+The node is named as :func:`scalerun.placement.node_name` names it (SLURM's
+``SLURMD_NODENAME``, since host names repeat in containers and test clusters; else the
+host name). This module decides the command line a launcher runs (:func:`node_command`,
+so no launcher spells the flags itself) and how a ``--pid`` value reads
+(:func:`parse_pid`, the inverse of that spelling).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from scalerun.monitor.select import check_choice, choose_backend
 SAMPLER_MODULE = "scalerun.commands.node_sampler"
 """The module :func:`node_command` runs with ``python -m`` (it parses the flags)."""
 
-NODE_VARIABLE = "SLURMD_NODENAME"
 STOP_TIMEOUT_S = 15.0
 """How long :func:`stop_process` waits after SIGTERM: a stuck rocm-smi read takes up to
 10 s (the tool time limit) before the sampler sees the signal."""

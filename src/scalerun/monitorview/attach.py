@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 from scalerun.errors import ScalerunError
+from scalerun.job import without_job_variables
 from scalerun.monitor.node import stop_process
 from scalerun.monitorview.reader import RunReader
 from scalerun.monitorview.slurmjob import JobInfo, attach_command, gpu_words, parse_job, step_gpus
@@ -34,7 +35,6 @@ SCONTROL_TIMEOUT_S = 30.0
 FIRST_SAMPLES_WAIT_S = 60.0
 """How long ``--once`` waits for every node's first sample (srun start-up on a busy
 controller takes seconds)."""
-KEPT_SLURM_VARIABLES = ("SLURM_CONF",)
 TASK_EXIT = re.compile(r"srun: error: \S+: tasks? [\d,\-]+: ")
 """srun's own report of a task's end: the task's message before it says more."""
 
@@ -61,9 +61,7 @@ def show_job(asked: str, environ: Mapping[str, str] | None = None) -> JobInfo:
 def srun_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment without a surrounding allocation's ``SLURM_*`` (srun would take
     ``SLURM_NTASKS`` and friends from an salloc shell as options for the other job)."""
-    env = os.environ if environ is None else environ
-    return {key: value for key, value in env.items()
-            if not key.startswith("SLURM_") or key in KEPT_SLURM_VARIABLES}
+    return without_job_variables(os.environ if environ is None else environ)
 
 
 class Attachment:

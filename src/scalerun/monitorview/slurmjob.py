@@ -26,6 +26,7 @@ from pathlib import Path
 from hostlist import expand_hostlist
 
 from scalerun.errors import ScalerunError
+from scalerun.job import NODE_NAME_IN_SHELL
 from scalerun.monitor.node import node_command
 from scalerun.shell import shell_quote
 
@@ -164,7 +165,7 @@ def attach_command(job: JobInfo, monitor_dir: Path, *, interval_s: float,
     """
     count = len(job.nodes)
     sampler = node_command(Path(OUT_WORD), interval_s=interval_s, python=python, flush_s=0)
-    out = f'{shell_quote(str(monitor_dir))}/"${{SLURMD_NODENAME:-$(hostname)}}".jsonl'
+    out = f'{shell_quote(str(monitor_dir))}/"{NODE_NAME_IN_SHELL}".jsonl'
     script = "exec " + " ".join(out if word == OUT_WORD else shell_quote(word) for word in sampler)
     gpus = step_gpus(job)
     return ["srun", "--overlap", f"--jobid={job.job_id}", f"--nodes={count}",

@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from scalerun.job import detect_job
 from scalerun.netconf.settings import Setting
 
 CACHE_VARIABLES = (
@@ -41,9 +42,9 @@ tuning results of one job's shapes, and a corrupt one must not outlive it)."""
 def cache_root(environ: Mapping[str, str], *, base: str = "/tmp") -> str:
     """One folder per user, job and node on node-local storage."""
     user = _user(environ)
-    job = environ.get("SLURM_JOB_ID", "local")
-    node = environ.get("SLURM_NODEID", "0")
-    return f"{base}/{user}-scalerun-cache-{job}-node{node}"
+    job = detect_job(environ)
+    node = 0 if job.node_index is None else job.node_index
+    return f"{base}/{user}-scalerun-cache-{job.job_id or 'local'}-node{node}"
 
 
 def _user(environ: Mapping[str, str]) -> str:
@@ -93,7 +94,7 @@ def remove_job_caches(environ: Mapping[str, str], *, base: str = "/tmp") -> Path
 
     Only a job's own: a launch outside SLURM shares ``...-local-node0`` with the user's
     other launches, and the folders :data:`KEPT_ACROSS_JOBS` are for the next job."""
-    if not environ.get("SLURM_JOB_ID"):
+    if not detect_job(environ).scheduler:
         return None
     root = Path(cache_root(environ, base=base))
     if not root.is_dir():

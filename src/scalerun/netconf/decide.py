@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from string import Template
 
+from scalerun.job import detect_job
 from scalerun.netconf.caches import cache_settings
 from scalerun.netconf.gpu_direct import gdr_setting
 from scalerun.netconf.interfaces import InterfaceChoice, choose_interfaces
@@ -164,7 +165,7 @@ def _cache_settings(rank: RankFacts, environ: Mapping[str, str]) -> list[Setting
     extensions (DeepSpeed's and Horovod's JIT ops) in SLURM jobs, whose home folder is shared
     by every node (on one machine torch's own folder in the home is the right one)."""
     wanted = {"TORCHINDUCTOR_CACHE_DIR"}
-    if environ.get("SLURM_JOB_ID"):
+    if detect_job(environ).scheduler:
         wanted.add("TORCH_EXTENSIONS_DIR")
     if rank.gpu_vendor:
         wanted.add("TRITON_CACHE_DIR")

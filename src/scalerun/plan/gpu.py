@@ -36,6 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scalerun.errors import PlacementError, ScalerunError
+from scalerun.job import (
+    GPUS_PER_TASK_VARIABLE,
+    GRES_FLAGS_VARIABLE,
+    LOCAL_ID_VARIABLE,
+    SLURM_BINDING_VARIABLES,
+    SLURM_GPU_VARIABLES,
+)
 from scalerun.plan import variables
 from scalerun.topology.model import Gpu
 
@@ -46,8 +53,6 @@ ROCM_VISIBILITY_ORDER = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VI
 #: The variable that gives one rank one GPU, per vendor (LUMI's select-GPU wrapper uses ROCR).
 RANK_VISIBILITY = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
 BACKENDS = ("nccl", "gloo", "mpi", "xccl", "ucc")
-#: SLURM's node-wide numbers of a task's GPUs: a step's task first, then the batch script's.
-SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 #: Where SLURM writes the task's own numbering, per vendor; ``GPU_DEVICE_ORDINAL`` (which
 #: SLURM sets for every vendor and users rarely touch) is asked first.
 SLURM_LOCAL_VARIABLES = {
@@ -68,12 +73,6 @@ class TaskGpus:
 
 NO_TASK_GPUS = TaskGpus(None, "no SLURM GPU list")
 
-#: Where SLURM tells a task that it binds GPUs to tasks: the step's ``--gpus-per-task`` /
-#: ``--gpu-bind`` as slurmd hands them to every task (``SLURMD_TRES_BIND``, e.g.
-#: ``gpu:per_task:1``, seen on the test cluster's SLURM 22.05), and the job's options
-#: that srun inherits from sbatch/salloc (and newer SLURM's ``--tres-bind``).
-SLURM_BINDING_VARIABLES = ("SLURMD_TRES_BIND", "SLURM_TRES_BIND", "SLURM_GPU_BIND",
-                           "SLURM_GPUS_PER_TASK")
 #: ``--gres-flags=allow-task-sharing`` (srun reads it from here too): every task keeps
 #: access to all of the job's GPUs on its node, so SLURM's binding only sets visibility.
 TASK_SHARING = "allow-task-sharing"
@@ -203,7 +202,7 @@ def slurm_gpu_binding(environ: Mapping[str, str]) -> SlurmGpuBinding:
     found = _slurm_gpu_list(environ)
     settings = tuple(f"{name}={environ[name]}" for name in SLURM_BINDING_VARIABLES
                      if name in environ and _binds_gpus(name, environ[name]))
-    flags = environ.get("SLURM_GRES_FLAGS", "").replace(",", " ").split()
+    flags = environ.get(GRES_FLAGS_VARIABLE, "").replace(",", " ").split()
     return SlurmGpuBinding(gpus=tuple(found[1]) if found else None, settings=settings,
                            task_sharing=TASK_SHARING in flags)
 
@@ -217,7 +216,7 @@ def _binds_gpus(name: str, value: str) -> bool:
         if not gpu:
             return False
         value = gpu[0]
-    if name == "SLURM_GPUS_PER_TASK":
+    if name == GPUS_PER_TASK_VARIABLE:
         return bool(value.strip())
     policies = {part.strip() for part in value.split(",")} - {"", "verbose"}
     return bool(policies) and policies != {"none"}
@@ -237,7 +236,7 @@ def one_gpu_per_rank(binding_safe: bool, vendor: str | None = None) -> str:
     advice = ("let every rank see all GPUs of its node and take GPU LOCAL_RANK "
               "(scalerun.init does, and binds the cores next to it)")
     if vendor == "amd":
-        advice += f", or set {RANK_VISIBILITY['amd']}=$SLURM_LOCALID per rank as LUMI's select_gpu does"
+        advice += f", or set {RANK_VISIBILITY['amd']}=${LOCAL_ID_VARIABLE} per rank as LUMI's select_gpu does"
     return advice
 
 

@@ -14,10 +14,9 @@ def is_main() -> bool:
     ctx = current()
     if ctx is not None:
         return ctx.is_main
-    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if name in os.environ:
-            return os.environ[name].strip() == "0"
-    return True
+    from scalerun.placement import is_rank_zero  # only before init(), which imports it anyway
+
+    return is_rank_zero(os.environ)
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - the public name is print

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from scalerun import strict_json
+from scalerun.job import detect_job
 
 HEADER_PREFIX = "# scalerun stacks "
 PYSPY_TIMEOUT_S = 20.0
@@ -118,10 +119,11 @@ def hang_report(*, rank: int, world_size: int, timeout_s: float, idle_s: float, 
                 environ: Mapping[str, str]) -> dict[str, Any]:
     """The header of a stack file: who, since when, and where its main thread was."""
     where = user_frame(frames, library_folders())
+    job = detect_job(environ)
     return {
         "rank": rank, "world_size": world_size, "host": socket.gethostname(),
-        "node": environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
-        "attempt": environ.get("TORCHELASTIC_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT") or "0",
+        "node": job.node_name or socket.gethostname(), "pid": os.getpid(),
+        "attempt": environ.get("TORCHELASTIC_RESTART_COUNT") or str(job.restart_count),
         "t": round(time.time(), 3), "timeout_s": timeout_s, "idle_s": round(idle_s, 1),
         "step": step, "declared_by": declared_by,
         "collective": collective_of(frames, world_size),

@@ -259,7 +259,7 @@ class SlurmJob:
     """Times torchrun restarts every node's workers after a failure (torchrun mode only)."""
     prefix_lines: bool = False
     """srun mode on several nodes: each task's lines carry ``[rankN node]: ``
-    (:data:`~scalerun.launch.prefix.SRUN_PREFIX`), as ``srun --label`` marks its tasks."""
+    (:data:`~scalerun.launch.slurm.render.SRUN_PREFIX`), as ``srun --label`` marks its tasks."""
     bind_workers: bool = False
     """torchrun mode: each worker starts through ``scalerun exec --bind`` (its cores, memory
     node and the plan's variables), for programs that do not call ``scalerun.init()``."""

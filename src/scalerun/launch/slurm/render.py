@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
-from scalerun.launch.prefix import SRUN_PREFIX
+from scalerun.launch.prefix import rank_prefix
 from scalerun.launch.slurm.job import SlurmJob, parse_sbatch_arg
 from scalerun.plan import variables
 from scalerun.plan.launch import exec_bind_words
@@ -153,6 +153,10 @@ to every process of the step, and torchrun's agent, data-loader workers, the nod
 and programs that do not listen for it would die of it; scalerun ranks (and programs
 that do listen) install their own handler."""
 
+
+SRUN_PREFIX = rank_prefix("$SLURM_PROCID", "${SLURMD_NODENAME%%.*}")
+"""The prefix (:mod:`scalerun.launch.prefix`) as bash spells it in an srun task: its rank
+and its node's short name."""
 
 PREFIX_LINES = ("bash", "-c", f'p="{SRUN_PREFIX}"; export {variables.LINES_PREFIXED}=1; exec "$@" > >(exec sed -u "s/^/$p/") '
                 f'2> >(exec sed -u "s/^/$p/" >&2)', "prefix-lines")

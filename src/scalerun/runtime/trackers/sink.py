@@ -26,6 +26,7 @@ from typing import Any
 
 from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
+from scalerun.job import detect_job
 from scalerun.plan import variables
 from scalerun.rundir import step_log_path
 from scalerun.runtime import steplog_reader as keys
@@ -88,9 +89,9 @@ def this_launch(environ: Mapping[str, str]) -> str | None:
     requeued job keeps its id) and torch elastic's run id (kept across ``--max-restarts``;
     a new ``scalerun launch`` draws a new one; under SLURM it is the job id). None where
     neither is set (mpirun): a run is then never continued."""
-    parts = [f"{label}={environ[name]}" for label, name in (("slurm-job", "SLURM_JOB_ID"),
-                                                          ("elastic-run", "TORCHELASTIC_RUN_ID"))
-             if environ.get(name, "").strip()]
+    parts = [f"{label}={value}" for label, value in (("slurm-job", detect_job(environ).job_id),
+                                                   ("elastic-run", environ.get("TORCHELASTIC_RUN_ID")))
+             if value and value.strip()]
     return " ".join(parts) or None
 
 
