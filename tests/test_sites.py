@@ -42,6 +42,31 @@ LUMI_FACTS = [
 ]
 
 
+LUMI_C_FACTS = [
+    # attribute path, value (docs.lumi-supercomputer.eu: hardware/lumic.md, partitions.md,
+    # distribution-binding.md; the profile's comments name the pages)
+    ("slurm.partition", "standard"),
+    ("slurm.partitions", ("standard", "small", "debug")),
+    ("slurm.cpus_per_gpu", None),  # no GPU: each task asks for its share of the cores
+    ("node.gpus", 0),
+    ("node.gpu_vendor", "none"),
+    ("node.cores", 128),
+    ("node.threads_per_core", 2),
+    ("node.usable_cores", 128),  # no low-noise mode on LUMI-C
+    ("node.memory_gb", 256),
+    ("network.interfaces", ("hsn0",)),
+    ("network.nic_gbits", 200.0),
+    ("network.nics_per_node", 1),
+    ("container.images", {}),
+    ("task_env", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), LUMI_C_FACTS)
+def test_lumi_c_profile(path, value):
+    assert attribute(load_site("lumi-c"), path) == value
+
+
 def attribute(obj, path: str):
     for name in path.split("."):
         obj = getattr(obj, name)
@@ -66,7 +91,7 @@ def test_lumi_g_mounts_the_slingshot_libraries():
     assert {"/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1"} <= set(binds)
 
 
-@pytest.mark.parametrize("name", ["lumi-g", "nvidia", "local"])
+@pytest.mark.parametrize("name", ["lumi-g", "lumi-c", "nvidia", "local"])
 def test_shipped_profiles_load_and_name_their_file(name):
     profile = load_site(name)
     assert profile.name == name and profile.source == str(SHIPPED / f"{name}.toml")
@@ -188,6 +213,11 @@ BROKEN = [
         "[container]\nruntime = 'docker'\n",
         "container.runtime: 'docker' is not one of singularity, apptainer",
     ),
+    ("[container.images]\nPyTorch = '/a.sif'\n", "container.images.PyTorch: must be lower-case"),
+    ("[container.images]\npytorch = 'a.sif'\n", "container.images.pytorch: 'a.sif' is not an absolute path"),
+    ("[container]\ndefault_image = 'pytorch'\n", "container.default_image: 'pytorch' is not in images (known: none)"),
+    ("[container]\ndefault_image = 'x'\n[container.images]\npytorch = '/a.sif'\n",
+     "container.default_image: 'x' is not in images (known: pytorch)"),
     ("slurm = 3\n", "slurm: expected a table [slurm], got an integer"),
     ("name = 'other'\n", "name: 'other' differs from the file name 'broken'"),
     ("extends = 'nowhere'\n", "extends: no site profile 'nowhere'"),
@@ -215,7 +245,7 @@ def test_extends_looks_only_below_so_it_cannot_loop(tmp_path):
 
 
 def test_unknown_name_lists_the_known_ones(tmp_path):
-    with pytest.raises(SiteError, match="no site profile 'lumi' in .*known: local, lumi-g, nvidia"):
+    with pytest.raises(SiteError, match="no site profile 'lumi' in .*known: local, lumi-c, lumi-g, nvidia"):
         load_site("lumi", folders(tmp_path))
 
 
@@ -230,6 +260,7 @@ def test_sites_command_lists_and_shows(capsys, tmp_path, monkeypatch):
     assert [line.split()[:2] for line in lines[1:]] == [
         ["local", "project"],
         ["local", "shipped"],
+        ["lumi-c", "shipped"],
         ["lumi-g", "shipped"],
         ["nvidia", "shipped"],
     ]
@@ -308,3 +339,127 @@ def test_lumi_g_jobs_bind_the_slingshot_libraries(tmp_path, module_found, before
     else:
         assert done.stdout.startswith(bound + ",")
         assert done.stderr == "scalerun: module singularity-AI-bindings is missing: binding the site mounts instead\n"
+
+
+# --- LUMI-C: a job of CPU ranks --------------------------------------------------------------
+
+PROBE = str(Path(__file__).resolve().parent / "fixtures" / "slurm" / "probe.py")
+
+LUMI_C_JOBS = [
+    # jobscript flags, the #SBATCH lines they give on lumi-c
+    (["--nodes", "2", "--ntasks-per-node", "8"],
+     ["--partition=standard", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=16"]),  # a NUMA node each
+    (["--ntasks-per-node", "16"], ["--ntasks-per-node=16", "--cpus-per-task=8"]),  # a CCD each (LUMI's example)
+    (["--ntasks-per-node", "128"], ["--ntasks-per-node=128", "--cpus-per-task=1"]),
+    ([], ["--ntasks-per-node=1", "--cpus-per-task=128"]),  # one rank: the whole node
+    (["--ntasks-per-node", "8", "--hyperthreads"], ["--cpus-per-task=32", "--hint=multithread"]),
+    (["--mode", "torchrun", "--nodes", "2"], ["--ntasks-per-node=1", "--cpus-per-task=128"]),
+    (["--ntasks-per-node", "8", "--partition", "small", "--cpus-per-task", "4"],
+     ["--partition=small", "--cpus-per-task=4"]),  # the flags win
+]
+
+
+@pytest.mark.parametrize(("flags", "directives"), LUMI_C_JOBS)
+def test_lumi_c_job_script_asks_for_cores_not_gpus(tmp_path, capsys, flags, directives):
+    """``scalerun jobscript --site lumi-c``: the partition, a share of the 128 cores per task,
+    the ranks' masks planned on the node, and nothing of GPUs."""
+    assert main(["jobscript", "--site", "lumi-c", "--run-dir", str(tmp_path), *flags, PROBE]) == 0
+    text = (tmp_path / "job.sbatch").read_text()
+    for directive in directives:
+        assert f"#SBATCH {directive}\n" in text
+    if "torchrun" not in flags:  # srun binds each task with the masks planned on the first node
+        assert "CPU_BIND=$(" in text and "scalerun exec --srun-cpu-bind" in text
+    for gpu_word in ("--gpus", "--mem-per-gpu", "--gpu-bind", "VISIBLE_DEVICES", "MIOPEN"):
+        assert gpu_word not in text
+
+
+# --- the site's images: --container NAME ------------------------------------------------------
+
+AMD_IMAGES = "/appl/local/containers/sif-images/"
+
+
+def test_lumi_g_names_the_images_amd_and_csc_provide():
+    box = load_site("lumi-g").container
+    assert box.default_image == "pytorch"
+    assert box.default_image_path == AMD_IMAGES + "lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif"
+    assert all(path.startswith(AMD_IMAGES + "lumi-pytorch-rocm-") for name, path in box.images.items()
+               if name.startswith("pytorch"))
+    assert box.images["csc-pytorch"].startswith("/appl/local/csc/")
+    assert load_site("local").container.default_image_path is None
+
+
+def test_a_user_profile_adds_its_own_images_to_the_sites(tmp_path):
+    found = folders(tmp_path)
+    write(found[1].path, "lumi-g", 'extends = "lumi-g"\n[container]\ndefault_image = "mine"\n'
+          '[container.images]\nmine = "/project/p/mine.sif"\n')
+    box = load_site("lumi-g", found).container
+    assert box.default_image_path == "/project/p/mine.sif" and "pytorch" in box.images
+
+
+RESOLVED = [
+    # --container value, site, paths that exist here, the image the job runs
+    ("pytorch", "lumi-g", (), AMD_IMAGES + "lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif"),
+    ("pytorch-2.6.0", "lumi-g", (), AMD_IMAGES + "lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.6.0.sif"),
+    ("/scratch/p/own.sif", "lumi-g", (), "/scratch/p/own.sif"),  # a path: as given, here or not
+    ("own.sif", "local", (), "own.sif"),
+    ("docker://rocm/pytorch:latest", "lumi-g", (), "docker://rocm/pytorch:latest"),
+    ("sandbox", "lumi-g", ("sandbox",), "sandbox"),  # a folder here that looks like a name
+]
+
+
+@pytest.mark.parametrize(("value", "site", "here", "image"), RESOLVED)
+def test_container_takes_a_site_image_name_or_a_path(value, site, here, image):
+    from scalerun.sites.images import resolve_image
+
+    assert resolve_image(value, load_site(site), exists=lambda path: path in here) == image
+
+
+UNKNOWN = [
+    ("pytroch", "lumi-g", "--container 'pytroch' is neither an image of site lumi-g (pytorch, pytorch-2.7.0, "
+                          "pytorch-2.6.0, pytorch-2.5.1, csc-pytorch) nor an image file here"),
+    ("pytorch", "local", "--container 'pytorch': site local names no images ([container.images])"),
+]
+
+
+@pytest.mark.parametrize(("value", "site", "message"), UNKNOWN)
+def test_an_unknown_image_name_is_one_line_with_the_names(value, site, message):
+    from scalerun.errors import LaunchError
+    from scalerun.sites.images import resolve_image
+
+    with pytest.raises(LaunchError) as caught:
+        resolve_image(value, load_site(site), exists=lambda path: False)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_launch_runs_the_named_image(tmp_path, capsys):
+    """Through the CLI: the job script runs the site's image; a mistyped name ends the
+    command in one line before anything is written."""
+    assert main(["jobscript", "--site", "lumi-g", "--account", "p", "--container", "pytorch",
+                 "--run-dir", str(tmp_path), PROBE]) == 0
+    assert f" {AMD_IMAGES}lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif " in (
+        tmp_path / "job.sbatch").read_text()
+    capsys.readouterr()
+    assert main(["launch", "--site", "lumi-g", "--container", "pytorch3", "--dry-run",
+                 "--run-dir", str(tmp_path / "b"), PROBE]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "neither an image of site lumi-g (pytorch, " in err
+
+
+def test_sites_name_shows_the_images_and_the_default(capsys):
+    assert main(["sites", "lumi-g"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    start = shown.index("# images (--container NAME):")
+    first = shown[start + 1].split()
+    assert first[:3] == ["#", "pytorch", AMD_IMAGES + "lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif"]
+    assert "(default: the site's recommended image)" in shown[start + 1]
+    assert [line.split()[1] for line in shown[start + 2:start + 6]] == [
+        "pytorch-2.7.0", "pytorch-2.6.0", "pytorch-2.5.1", "csc-pytorch"]
+    assert 'default_image = "pytorch"' in shown and "[container.images]" in shown
+    assert main(["sites", "show", "lumi-c"]) == 0
+    assert "# images" not in capsys.readouterr().out  # a site without images says nothing of them
+
+
+def test_sites_with_a_name_and_another_word_is_one_line(capsys):
+    assert main(["sites", "lumi-g", "lumi-c"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give list, show NAME, or NAME alone" in err

@@ -218,6 +218,29 @@ def test_fixes_follow_what_the_site_says_of_slurms_gpu_binding(check, level, pla
     assert not any(word in found.fix for word in lacks), found.fix
 
 
+SITE_IMAGE = ("pytorch", "/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif")
+CONTAINER_FIXES = [
+    # (check, planted fault, the site's default image or None, words the fix has)
+    ("plugin", change(lambda f: f.node_rank == 1, plugins=()), SITE_IMAGE,
+     ("use the site's container: --container pytorch (/appl/local/containers/sif-images/", "LD_LIBRARY_PATH")),
+    ("plugin", change(lambda f: f.node_rank == 1, plugins=()), None,
+     ("use the site's container (it ships the plugin)",)),
+    ("devices", change(lambda f: True, gpu_count=0, gpu_index=None, gpu_pci=None, gpu_numa=None, smoke=None,
+                       versions={**lumi_job()[0].versions, "hip": None, "torch": "2.4.1+cpu"}),
+     SITE_IMAGE, ("CPU-only build", "--container pytorch (")),
+]
+
+
+@pytest.mark.parametrize(("check", "plant", "image", "has"), CONTAINER_FIXES)
+def test_fixes_that_send_users_to_the_sites_container_name_its_image(check, plant, image, has) -> None:
+    """Where the site names a default image (lumi-g: AMD's PyTorch image), "use the site's
+    container" says which one and how to ask for it."""
+    name, path = image or (None, None)
+    job = [replace(f, site_image=name, site_image_path=path) for f in lumi_job()]
+    found = verdict(run_checks(plant(job)), check, FAIL)
+    assert all(word in found.fix for word in has) and "\n" not in found.fix, found.fix
+
+
 def test_slurm_gpu_binding_warns_with_the_courses_reason_per_node() -> None:
     found = verdict(run_checks(gpus_per_task(lumi_job())), "gpu-binding", WARN)
     assert "breaks communication with RCCL and GPU-aware MPI" in found.message  # course text 003:26

@@ -384,6 +384,11 @@ PRECEDENCE = [
     (["--site", "lumi-g", "--mode", "torchrun"], ("standard-g", 1, 56, 8, "60G", None)),
     (["--site", "local", "--gpus-per-node", "2"], (None, 2, 1, 2, None, None)),
     (["--site", "nvidia", "--mem-per-gpu", "100G"], (None, 8, 14, 8, "100G", None)),
+    # no GPUs: each task an equal share of the node's usable cores (LUMI-C: 128)
+    (["--site", "lumi-c", "--nproc-per-node", "8"], ("standard", 8, 16, 0, None, None)),
+    (["--site", "lumi-c", "--ntasks-per-node", "128"], ("standard", 128, 1, 0, None, None)),
+    (["--site", "lumi-c", "--ntasks-per-node", "8", "--cpus-per-task", "4"], ("standard", 8, 4, 0, None, None)),
+    (["--site", "local", "--nproc-per-node", "4"], (None, 4, 1, 0, None, None)),  # cores unknown: the site's 1
 ]
 
 

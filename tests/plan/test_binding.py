@@ -21,6 +21,7 @@ from tests.fixtures.make_sysfs import TreeCache, cpus_of, load
 
 LUMI = load("lumig")
 DOCUMENTED = LUMI["documented"]
+LUMI_C = load("lumic")
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,40 @@ def test_lumi_gpu_locality_finer_than_numa_decides(trees: TreeCache) -> None:
         )
     topology = read_node(trees.variant("lumig-ccd-local", desc), cpus_of(LUMI["allowed"]))
     assert cpu_lists(plan_binding(topology, 8))[:3] == ["57-63", "49-55", "17-23"]
+
+
+# ---------------------------------------------------------------------------
+# LUMI-C: 2 sockets, 8 NUMA nodes of 2 CCDs, no GPU; hyperthreads 128 above their core
+# ---------------------------------------------------------------------------
+
+LUMI_C_RANKS = [
+    # ranks per node, hyperthreads, each rank's CPUs, each rank's NUMA node (None: several)
+    (8, False, [f"{16 * k}-{16 * k + 15}" for k in range(8)], list(range(8))),  # one per NUMA node
+    (8, True, [f"{16 * k}-{16 * k + 15},{128 + 16 * k}-{143 + 16 * k}" for k in range(8)], list(range(8))),
+    (16, False, [f"{8 * k}-{8 * k + 7}" for k in range(16)], [k // 2 for k in range(16)]),  # a CCD each
+    (128, False, [str(core) for core in range(128)], [core // 16 for core in range(128)]),  # a core each
+    (2, False, ["0-63", "64-127"], [None, None]),  # a socket each: 4 NUMA nodes per rank
+    (1, False, ["0-127"], [None]),
+]
+
+
+@pytest.mark.parametrize(("ranks", "ht", "cpus", "numas"), LUMI_C_RANKS)
+def test_lumi_c_ranks_share_out_the_numa_nodes(trees: TreeCache, ranks: int, ht: bool, cpus: list[str],
+                                               numas: list[int | None]) -> None:
+    plan = plan_binding(node(trees, "lumic"), ranks, hyperthreads=ht)
+    assert cpu_lists(plan) == cpus and [rank.numa for rank in plan.ranks] == numas
+    assert {rank.gpu_index for rank in plan.ranks} == {None} and plan.warnings == ()
+
+
+def test_lumi_c_binding_is_the_documented_one(trees: TreeCache) -> None:
+    """LUMI's distribution-binding page: 16 ranks over the CCDs with ``map_cpu:0,8,...,120``;
+    ``--cpu-bind=cores`` gives task 0 CPUs 0,128; ``--cpu-bind=sockets`` 0-63,128-191."""
+    topology = node(trees, "lumic")
+    assert map_cpu_list(plan_binding(topology, 16)) == LUMI_C["documented"]["map_cpu_16_ranks"]
+    assert plan_binding(topology, 128, hyperthreads=True).ranks[0].cpulist == LUMI_C["documented"]["cores_bind_task0"]
+    sockets = plan_binding(topology, 2, hyperthreads=True)
+    assert cpu_lists(sockets) == [LUMI_C["documented"]["socket0"], LUMI_C["documented"]["socket1"]]
+    assert mask_cpu_list(plan_binding(topology, 8)).split(",")[7] == "0x" + "ffff" + "0" * 28  # cores 112-127
 
 
 # ---------------------------------------------------------------------------
@@ -246,7 +281,7 @@ def check_invariants(topology: Topology, plan: BindingPlan, reserved: set[int]) 
     assert map_cpu_list(plan) == ",".join(str(rank.cpus[0]) for rank in plan.ranks)
 
 
-@pytest.mark.parametrize("name", ["lumig", "dgx_h100", "laptop", "cpu2s", "dense"])
+@pytest.mark.parametrize("name", ["lumig", "lumic", "dgx_h100", "laptop", "cpu2s", "dense"])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("hyperthreads", [False, True])
 def test_invariants(trees: TreeCache, name: str, ranks: int, hyperthreads: bool) -> None:

@@ -50,6 +50,8 @@ RESERVED = [
     ("laptop", "lumi-g", None, "", "reserves cores of 64-core nodes"),  # never on another node
     ("lumig", "lumi-g", "0", "0", "--reserved-cpus 0"),  # explicit wins over the site
     ("lumig", "lumi-g", "", "", "--reserved-cpus none"),
+    ("lumic", "lumi-c", None, "", "none"),  # LUMI-C has no low-noise mode
+    ("lumic", "lumi-g", None, "", "reserves cores of 64-core nodes"),
 ]
 
 
@@ -122,6 +124,26 @@ THREADS = [
     ("dense", None, 1, "torchrun", 1, 1),  # a CPU rank with 2 cores: a worker and a thread
     ("cpu2s", None, 1, "torchrun", 24, 8),  # 32 cores of one NUMA node: workers capped at 8
 ]
+
+
+LUMI_C_RANKS = [
+    # (ranks per node, local rank, its CPUs, the NUMA node of its memory, threads, loader workers)
+    (8, 3, "48-63", 3, 12, 4),  # NUMA node 3 whole: a CPU rank gives a quarter to loading
+    (16, 15, "120-127", 7, 6, 2),  # the last CCD
+    (128, 77, "77", 4, 1, 0),  # one core: no worker of its own
+    (2, 1, "64-127", None, 56, 8),  # the second socket, 4 NUMA nodes: no memory policy
+]
+
+
+@pytest.mark.parametrize(("ranks", "local_rank", "cpus", "numa", "threads", "workers"), LUMI_C_RANKS)
+def test_a_lumi_c_rank_lives_on_its_numa_nodes_share(trees, ranks, local_rank, cpus, numa, threads,
+                                                      workers) -> None:
+    plan = plan_rank(placed(local_rank, ranks), node(trees, "lumic"), load_site("lumi-c"), {})
+    assert (plan.binding.cpulist, plan.membind, plan.threads, plan.loader_workers) == (cpus, numa, threads,
+                                                                                        workers)
+    assert plan.bind and plan.value("OMP_NUM_THREADS") == str(threads)
+    assert (plan.gpu.device.name, plan.gpu.backend, plan.rank_visibility()) == ("cpu", "gloo", {})
+    assert plan.value("GLOO_SOCKET_IFNAME") == "hsn0"  # the site's Slingshot NIC, never nmn0
 
 
 @pytest.mark.parametrize(("name", "allowed", "ranks", "launcher", "threads", "workers"), THREADS)

@@ -115,8 +115,12 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--partition", help="SLURM partition (default: the site's)")
     job.add_argument("--account", help="billing account")
     job.add_argument("--time", help="wall-time limit, e.g. 1:00:00")
-    job.add_argument("--ntasks-per-node", type=int, help="tasks per node (default: one per GPU)")
-    job.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: the site's per GPU)")
+    job.add_argument("--ntasks-per-node", type=int,
+                     help="tasks per node (default: one per GPU); in srun mode a rank each, so on "
+                     "nodes without GPUs (lumi-c) the ranks per node")
+    job.add_argument("--cpus-per-task", type=int,
+                     help="CPUs per task (default: the site's per GPU; without GPUs an equal share "
+                     "of the site's cores)")
     job.add_argument("--mem", help="memory per node, e.g. 480G")
     job.add_argument("--mem-per-gpu", help="memory per GPU, e.g. 60G (default: the site's)")
     job.add_argument("--output", help="stdout file (default RUN_DIR/slurm-%%j.out)")
@@ -217,7 +221,8 @@ def add_warm_cache_argument(parser: argparse.ArgumentParser) -> None:
 def add_container_arguments(parser: argparse.ArgumentParser) -> None:
     box = parser.add_argument_group("containers")
     box.add_argument("--container", metavar="IMAGE.sif",
-                     help="run every task in this Singularity/Apptainer image")
+                     help="run every task in this Singularity/Apptainer image: a path, or the name "
+                     "of one of the site's images (scalerun sites NAME lists them)")
     box.add_argument("--mount", action="append", metavar="SRC[:DST]",
                      help="extra host path mounted into the container, singularity -B (repeatable)")
     box.add_argument("--container-venv", metavar="PATH",
@@ -331,7 +336,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str] | Non
         site=site_name(getattr(args, "site", None), env),
         mode=getattr(args, "mode", None),
         nodes=(getattr(args, "nodes", None) or (None, None))[0],
-        nproc_per_node=nproc_count(getattr(args, "nproc_per_node", None)),
+        nproc_per_node=ranks_per_node(args),
         gpus_per_node=getattr(args, "gpus_per_node", None),
         backend=getattr(args, "backend", None),
         verbose=bool(getattr(args, "verbose", False)),
@@ -367,6 +372,17 @@ def program_from_args(args: argparse.Namespace) -> Program:
 
 
 NPROC_WORDS = ("gpu", "cpu", "auto")
+
+
+def ranks_per_node(args: argparse.Namespace) -> int | None:
+    """``--nproc-per-node``; else, in srun mode, ``--ntasks-per-node``: one rank per task.
+    On a node without GPUs nothing else says how many ranks it runs, and ``scalerun
+    jobscript`` has no ``--nproc-per-node`` (``--site lumi-c --ntasks-per-node 8``)."""
+    given = nproc_count(getattr(args, "nproc_per_node", None))
+    tasks = getattr(args, "ntasks_per_node", None)
+    if given is None and getattr(args, "mode", None) != "torchrun" and tasks is not None and tasks >= 1:
+        return tasks
+    return given
 
 
 def nproc_count(value: str | None) -> int | None:
@@ -424,13 +440,16 @@ def trackers_from_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def container_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ContainerRequest | None:
-    """The image, with its runtime: the flag, else one on PATH (the site's first), else the site's."""
-    image = getattr(args, "container", None)
-    if not image:
+    """The image (a path, or one of the site's images by name), with its runtime: the flag,
+    else one on PATH (the site's first), else the site's."""
+    given = getattr(args, "container", None)
+    if not given:
         return None
     from scalerun.launch.container import pick_runtime
+    from scalerun.sites.images import resolve_image
 
     site = load_site(site_name(getattr(args, "site", None), environ))
+    image = resolve_image(given, site, exists=os.path.exists)
     runtime = pick_runtime(getattr(args, "container_runtime", None), site.container.runtime)
     return ContainerRequest(image=image, runtime=runtime, mounts=tuple(args.mount or ()),
                             venv=args.container_venv, overlay=args.container_overlay,

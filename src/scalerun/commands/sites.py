@@ -2,7 +2,8 @@
 
 Why: a profile decides partitions, cores per GPU, binds and environment of every job;
 users must be able to see which file wins (project, user or shipped) and what it says
-after ``extends`` is applied, before anything is submitted.
+after ``extends`` is applied, before anything is submitted, and which of the site's images
+``--container NAME`` can name.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import dataclasses
 import json
 
-from scalerun.sites import find_sites, load_site, site_folders
+from scalerun.sites import SiteProfile, find_sites, load_site, site_folders
 
 NAME = "sites"
 
@@ -22,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="list site profiles, or show one",
         description="List the site profiles of the project, user and shipped folders, or show one.",
     )
-    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("action", nargs="?", default="list", metavar="list|show|NAME",
+                   help="list the profiles (default), or show one: show NAME, or NAME alone")
     p.add_argument("name", nargs="?", help="profile to show (a name or a .toml path)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=run)
@@ -49,8 +51,21 @@ def show_site(name: str, as_json: bool) -> str:
     if as_json:
         return json.dumps(data, indent=2)
     lines = [f"# {profile.name}: {profile.description}", f"# from {profile.source}"]
+    lines += image_lines(profile)
     lines += _toml_lines(data, prefix="")
     return "\n".join(lines)
+
+
+def image_lines(profile: SiteProfile) -> list[str]:
+    """The site's images as ``--container NAME`` takes them, the default one first."""
+    box = profile.container
+    if not box.images:
+        return []
+    lines = ["# images (--container NAME):"]
+    for name in sorted(box.images, key=lambda name: name != box.default_image):
+        mark = "  (default: the site's recommended image)" if name == box.default_image else ""
+        lines.append(f"#   {name:<14} {box.images[name]}{mark}")
+    return lines
 
 
 def _toml_lines(table: dict, prefix: str) -> list[str]:
@@ -69,14 +84,19 @@ def _toml_lines(table: dict, prefix: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "show" or args.name:
-        if not args.name:
-            from scalerun.errors import SiteError
+    from scalerun.errors import SiteError
 
+    action, name = args.action, args.name
+    if action not in ("list", "show"):  # scalerun sites lumi-g: show it
+        if name:
+            raise SiteError(f"scalerun sites {action} {name}: give list, show NAME, or NAME alone")
+        action, name = "show", action
+    if action == "show" or name:
+        if not name:
             raise SiteError(
                 "scalerun sites show needs a profile name, e.g. scalerun sites show lumi-g"
             )
-        print(show_site(args.name, args.json))
+        print(show_site(name, args.json))
     else:
         print(list_sites())
     return 0

@@ -263,8 +263,16 @@ def hidden_on_purpose(visible: dict[str, str]) -> bool:
 
 def _blind_fix(fact: Facts) -> str:
     if not fact.versions.get("cuda") and not fact.versions.get("hip"):
-        return "this torch is a CPU-only build: install torch for ROCm/CUDA, or use the site's container"
+        return f"this torch is a CPU-only build: install torch for ROCm/CUDA, or {site_container([fact])}"
     return "a visibility variable hides them or the driver is missing: check rocm-smi / nvidia-smi on the node"
+
+
+def site_container(facts: Sequence[Facts]) -> str:
+    """"use the site's container", naming the image the site recommends where it names one."""
+    fact = next((f for f in facts if f.site_image), None)
+    if fact is None:
+        return "use the site's container"
+    return f"use the site's container: --container {fact.site_image} ({fact.site_image_path})"
 
 
 def _shown(visible: dict[str, str]) -> str:
@@ -547,8 +555,8 @@ def check_plugin(facts: Sequence[Facts]) -> list[Verdict]:
     if missing:
         out.append(_verdict(FAIL, "plugin", "no aws-ofi-rccl/nccl plugin on the library path of a Slingshot node: "
                             "collectives fall back to TCP sockets (3-4x slower)",
-                            "use the site's container (it ships the plugin) or add the plugin's folder to "
-                            "LD_LIBRARY_PATH", missing, ()))
+                            f"{site_container(missing)} (it ships the plugin) or add the plugin's folder "
+                            "to LD_LIBRARY_PATH", missing, ()))
     if socket:
         out.append(_verdict(FAIL, "plugin", "NCCL/RCCL used TCP sockets between nodes that have a faster "
                             "network (NET/Socket in its log)",

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from scalerun.plan.rank import RankPlan
     from scalerun.runtime.context import Context
+    from scalerun.sites.profile import SiteProfile
 
 CACHE_NAMES = frozenset(name for name, _, _ in CACHE_VARIABLES)
 
@@ -114,6 +115,10 @@ class Facts:
     """The decided environment: (variable, value, source)."""
     plugins: tuple[str, ...] = ()
     """Network plugin libraries (aws-ofi-rccl/nccl) found on the library path."""
+    site_image: str | None = None
+    """The site's recommended container image (``[container] default_image``), in which the
+    network plugin is set up: the fixes that send users to the site's container name it."""
+    site_image_path: str | None = None
     transport: str | None = None
     """What NCCL/RCCL's own log says it used: ofi-plugin, ib, socket, unknown; None without NCCL."""
     versions: dict[str, str | None] = field(default_factory=dict)
@@ -295,7 +300,8 @@ def locate_gpu(ctx: Context, topology: Topology, plan: RankPlan, simulated: bool
 def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: RankGpu,
                  simulated: bool, smoke: Smoke | None,
                  environ: Mapping[str, str] | None = None,
-                 deepspeed: DeepSpeedFacts | None = None) -> Facts:
+                 deepspeed: DeepSpeedFacts | None = None,
+                 site: SiteProfile | None = None) -> Facts:
     """This rank's facts, after ``scalerun.init`` (which may have bound its CPUs); what
     scalerun would do comes from the rank plan, never from a plan of the doctor's own."""
     env = os.environ if environ is None else environ
@@ -319,4 +325,6 @@ def gather_facts(*, ctx: Context, topology: Topology, plan: RankPlan, rank_gpu: 
         environment=tuple((s.name, s.value, s.source) for s in plan.environment),
         versions=library_versions(), job=detect_job(env),
         caches=cache_states(plan.environment), smoke=smoke, deepspeed=deepspeed,
+        site_image=site.container.default_image if site else None,
+        site_image_path=site.container.default_image_path if site else None,
     )

@@ -145,6 +145,7 @@ def prepare_node(ctx: Context, options: DoctorOptions, before_init: dict[str, st
 
     from scalerun.netconf.caches import create_cache_dirs
     from scalerun.plan.rank import PlanOptions
+    from scalerun.sites import resolve_site
     from scalerun.this_rank import plan_this_rank, read_topology
     from scalerun.topology import format_cpulist, read_online_cpus
 
@@ -158,7 +159,8 @@ def prepare_node(ctx: Context, options: DoctorOptions, before_init: dict[str, st
     if ctx.local_rank == 0:
         create_cache_dirs(list(plan.environment))
     rank_gpu = locate_gpu(ctx, topology, plan, simulated)
-    return {"topology": topology, "plan": plan, "rank_gpu": rank_gpu, "simulated": simulated}
+    return {"topology": topology, "plan": plan, "rank_gpu": rank_gpu, "simulated": simulated,
+            "site": resolve_site(options.site, before_init)}
 
 
 def node_deepspeed(ctx: Context, quick: bool = False) -> DeepSpeedFacts | None:

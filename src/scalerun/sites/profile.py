@@ -29,6 +29,8 @@ TIME_RE = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
 # SLURM memory sizes: a whole number with an optional K/M/G/T unit.
 MEMORY_RE = re.compile(r"\d+[KMGT]?")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A site image's short name (``--container NAME``): what a site name may be.
+IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
 class Invalid(ValueError):
@@ -70,7 +72,8 @@ class SlurmDefaults:
     mem_per_gpu: str | None = None
     """Memory per GPU (``--mem-per-gpu``), e.g. 60G on LUMI-G."""
     cpus_per_gpu: int | None = None
-    """Cores each GPU's rank may use; becomes ``--cpus-per-task`` in srun mode."""
+    """Cores each GPU's rank may use; becomes ``--cpus-per-task`` in srun mode. Leave it out
+    on a site without GPUs: each task then asks for an equal share of ``node.cores``."""
     exclusive: bool = False
     """Ask for whole nodes (``--exclusive``)."""
     sbatch_args: tuple[str, ...] = ()
@@ -214,6 +217,12 @@ class ContainerDefaults:
     activate: tuple[str, ...] = ()
     """Shell lines run inside the image before the command, e.g. ``$WITH_CONDA`` (LUMI's
     older AI containers, whose python is not the one with torch until it runs)."""
+    images: dict[str, str] = field(default_factory=dict)
+    """The site's own images by short name: ``--container NAME`` runs the image at the
+    path, as the nodes see it (LUMI's ``/appl/local/containers/sif-images/...``)."""
+    default_image: str | None = None
+    """The name (in ``images``) of the image the site recommends: ``scalerun sites NAME``
+    says so, and the doctor's fixes name it where the site's container is the cure."""
 
     def __post_init__(self) -> None:
         if self.enter not in ("exec", "run"):
@@ -227,6 +236,22 @@ class ContainerDefaults:
                 raise Invalid(
                     f"mounts[{index}]", f"{mount!r}: a mount is SRC[:DST[:OPTS]] without commas"
                 )
+        self._check_images()
+
+    def _check_images(self) -> None:
+        for name, path in self.images.items():
+            if not IMAGE_NAME_RE.fullmatch(name):
+                raise Invalid(f"images.{name}", "must be lower-case letters, digits, '.', '_' or '-'")
+            if not path.startswith("/"):
+                raise Invalid(f"images.{name}", f"{path!r} is not an absolute path (as the nodes see it)")
+        if self.default_image is not None and self.default_image not in self.images:
+            known = ", ".join(self.images) or "none"
+            raise Invalid("default_image", f"{self.default_image!r} is not in images (known: {known})")
+
+    @property
+    def default_image_path(self) -> str | None:
+        """The path of the site's recommended image, None where it names none."""
+        return self.images[self.default_image] if self.default_image else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,7 @@ in three folders, first match wins:
 
 1. ``./.scalerun/sites/`` in the current project folder;
 2. ``$XDG_CONFIG_HOME/scalerun/sites/`` (``~/.config/scalerun/sites/`` by default);
-3. the profiles shipped in this package (``lumi-g``, ``nvidia``, ``local``).
+3. the profiles shipped in this package (``lumi-g``, ``lumi-c``, ``nvidia``, ``local``).
 
 A profile may say ``extends = "lumi-g"``: it then starts from the ``lumi-g`` found in the
 folders *after* its own (so a user's ``lumi-g.toml`` can extend the shipped ``lumi-g``),

@@ -410,11 +410,7 @@ def resources(plan: LaunchPlan, mode: str) -> Resources:
     request, site = plan.request, plan.site
     slurm = request.slurm or SlurmOptions()
     tasks = _given(slurm.ntasks_per_node, plan.procs_per_node if mode == "srun" else 1)
-    per_gpu = site.slurm.cpus_per_gpu
-    # with --hint=multithread SLURM counts hardware threads: a GPU's cores, both threads
-    threads = site.node.threads_per_core if request.hyperthreads else 1
-    cpus = _given(slurm.cpus_per_task,
-                  per_gpu * threads * (1 if mode == "srun" else plan.procs_per_node) if per_gpu else None)
+    cpus = _given(slurm.cpus_per_task, site_cpus_per_task(plan, mode))
     mem_per_gpu = slurm.mem_per_gpu or (
         None if slurm.mem or not plan.gpus_per_node else site.slurm.mem_per_gpu)
     run_dir = job_run_dir(plan)
@@ -437,6 +433,22 @@ def resources(plan: LaunchPlan, mode: str) -> Resources:
         hint="multithread" if request.hyperthreads else None,
         extra=tuple(site.slurm.sbatch_args) + slurm.sbatch_args,
     )
+
+
+def site_cpus_per_task(plan: LaunchPlan, mode: str) -> int | None:
+    """``--cpus-per-task`` from the site: its cores per GPU for each rank; else, on a node
+    without GPUs whose cores the site knows (LUMI-C), an equal share of its usable cores
+    (16 for 8 ranks per node, 1 for 128); else None (SLURM's default). A torchrun task holds
+    all of its node's ranks; with ``--hint=multithread`` SLURM counts hardware threads."""
+    site = plan.site
+    per_rank = site.slurm.cpus_per_gpu
+    usable = site.node.usable_cores
+    if per_rank is None and not plan.gpus_per_node and usable:
+        per_rank = max(1, usable // plan.procs_per_node)
+    if per_rank is None:
+        return None
+    threads = site.node.threads_per_core if plan.request.hyperthreads else 1
+    return per_rank * threads * (1 if mode == "srun" else plan.procs_per_node)
 
 
 def _given(value: int | None, default: int | None) -> int | None:
