@@ -91,7 +91,7 @@ def srun_cpu_bind_here(
 ) -> tuple[str, str]:
     """(srun ``--cpu-bind`` value or "", why): the node plan of this node, if it is the job's.
 
-    A batch script runs on the job's first node (``SLURMD_NODENAME`` is set), whose CPUs
+    A batch script runs on the job's first node (SLURM names its node), whose CPUs
     stand for every node's. Its own CPU set is the job's on that node only where SLURM
     confines it (cgroups, as on LUMI), which shows as as many CPUs as
     ``SLURM_CPUS_ON_NODE``; elsewhere, or in an ``salloc`` shell on a login node, masks

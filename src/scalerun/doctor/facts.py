@@ -84,7 +84,7 @@ class Facts:
     ``SLURM_JOB_GPUS``); None where SLURM names none."""
     slurm_gpu_binding: tuple[str, ...] = ()
     """``NAME=value`` of the SLURM settings that bind this task to GPUs
-    (``SLURMD_TRES_BIND=gpu:per_task:1`` under ``srun --gpus-per-task=1``)."""
+    (SLURM's TRES binding, ``gpu:per_task:1`` under ``srun --gpus-per-task=1``)."""
     slurm_task_sharing: bool = False
     """``--gres-flags=allow-task-sharing`` (``SLURM_GRES_FLAGS``): tasks keep access to
     all of the job's GPUs on their node."""

@@ -7,7 +7,7 @@ lines match it). On several nodes the rank alone does not say where a line was p
 out which machine it was. There the node's short name follows the rank,
 ``[rank37 nid005530]: ``, as ``srun --label`` marks every line with its task.
 
-The node is the scheduler's name where there is one (``SLURMD_NODENAME``, which
+The node is the scheduler's name where there is one (SLURM's node name, which
 ``--exclude`` takes), else the host name, cut at the first dot. This module only spells
 prefixes and templates (the SLURM backend fills one with its task's variables in bash,
 :data:`scalerun.launch.slurm.render.SRUN_PREFIX`); it reads no environment and starts

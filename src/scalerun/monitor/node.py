@@ -11,7 +11,7 @@ rank long enough to record the crash. Its flags are parsed at the CLI's edge,
     python -m scalerun.commands.node_sampler --out /tmp/m.jsonl --pid 0:0:4242 --pid 1:1:4243
 
 The node is named as :func:`scalerun.placement.node_name` names it (SLURM's
-``SLURMD_NODENAME``, since host names repeat in containers and test clusters; else the
+node name, :data:`scalerun.job.NODE_NAME_VARIABLE`, since host names repeat in containers and test clusters; else the
 host name). This module decides the command line a launcher runs (:func:`node_command`,
 so no launcher spells the flags itself) and how a ``--pid`` value reads
 (:func:`parse_pid`, the inverse of that spelling).
