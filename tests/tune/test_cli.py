@@ -84,15 +84,21 @@ def test_a_real_tuning_ranks_checks_and_resumes(tmp_path: Path) -> None:
     knobs = json.loads((tmp_path / "again" / "steps" / "rank-0.jsonl").read_text().splitlines()[0]).get("knobs")
     assert knobs is None or set(knobs["applied"]) <= set(best["knobs"])
 
-    # a second call with the same --out replays the finished trials and launches nothing
+    # a second call with the same --out replays the finished trials (ok, or out of memory)
+    # and launches none of them again; a trial that failed (a timeout on a loaded machine,
+    # seen in a fresh clone's suite) is tried again, its first attempt set aside beside it
     before = trial_files(out) | {p: p.stat().st_mtime_ns for p in out.glob("validate/*/trials/*/*/trial.json")}
+    finished = {path for path in before if json.loads(path.read_text())["status"] in ("ok", "infeasible")}
     again = tune(*args)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     after = trial_files(out) | {p: p.stat().st_mtime_ns for p in out.glob("validate/*/trials/*/*/trial.json")}
-    assert after == before
-    assert again.stdout.count("kept from an earlier call") == len(data["trials"]) + 2 * len(
-        data.get("validation", {}).get("pairs", []))
-    assert again.stdout.strip().splitlines()[-1].split() == best["command"]
+    assert {path: after.get(path) for path in finished} == {path: before[path] for path in finished}
+    retried = set(before) - finished
+    assert all((path.parent.with_name(path.parent.name + ".attempt-1") / path.name).is_file() for path in retried)
+    if not retried:  # else the retried trial's outcome may steer the rest elsewhere
+        assert after == before
+        assert again.stdout.count("kept from an earlier call") == len(finished)
+        assert again.stdout.strip().splitlines()[-1].split() == best["command"]
 
 
 @pytest.mark.parametrize(("words", "message"), [
