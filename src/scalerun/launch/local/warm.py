@@ -115,15 +115,8 @@ def stdlib_only(program: PythonProgram) -> bool:
     script that imports its own package (``from mypkg import main``) keeps torch preloaded.
     Imports inside functions count too; ``importlib`` by name does not (a rank imports what
     it needs after the fork: read wrongly, this costs only time)."""
-    if program.entry == "code":
-        text = program.target
-    elif program.entry == "file":
-        try:
-            with open(program.target, "rb") as handle:
-                text = handle.read(_READ_AT_MOST).decode("utf-8", errors="replace")
-        except OSError:
-            return False
-    else:
+    text = program_text(program)
+    if text is None:
         return False
     try:
         tree = ast.parse(text)
@@ -145,15 +138,23 @@ def may_train(program: PythonProgram) -> bool:
     that uses them;
     True where it cannot be read here (a module: finding its file would import its
     package in the launcher)."""
+    text = program_text(program)
+    return True if text is None else bool(_MAY_TRAIN.search(text.encode()))
+
+
+def program_text(program: PythonProgram) -> str | None:
+    """The program's own text as the launcher can read it (``-c`` code, or the script's
+    first :data:`_READ_AT_MOST` bytes); None for a module (finding its file would import its
+    package here) or a file that cannot be read."""
     if program.entry == "code":
-        return bool(_MAY_TRAIN.search(program.target.encode()))
+        return program.target
     if program.entry != "file":
-        return True
+        return None
     try:
         with open(program.target, "rb") as handle:
-            return bool(_MAY_TRAIN.search(handle.read(_READ_AT_MOST)))
+            return handle.read(_READ_AT_MOST).decode("utf-8", errors="replace")
     except OSError:
-        return True
+        return None
 
 
 class WarmProc:
