@@ -52,7 +52,7 @@ print("steps_per_s", (steps - warm) / (time.process_time() - start))
 
 
 def steps_per_s(steps: int, width: int, run_dir: Path | None) -> float:
-    from scalerun.plan import variables
+    from scalerun import variables
     from scalerun.runtime.autoarm import BOOT_DIR
 
     env = {k: v for k, v in os.environ.items() if k not in (variables.RUN_DIR, "PYTHONPATH")}

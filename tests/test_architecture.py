@@ -18,9 +18,9 @@ What counts as an import of module A by module B:
   module does not count as importing the packages around it (``P/__init__.py``).
 
 A room is an entry of :data:`LAYERS` (a top-level module or package of scalerun, or a
-module named there on its own, such as ``plan.variables``); a module belongs to the
-longest entry that contains it. Floors are the levels of the room graph, counted as
-import-graph tools count them (the longest chain of rooms, each importing the next).
+module named there on its own); a module belongs to the longest entry that contains
+it. Floors are the levels of the room graph, counted as import-graph tools count them
+(the longest chain of rooms, each importing the next).
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ PACKAGE = "scalerun"
 # - ``__init__`` (``import scalerun``: the public API) stands with the runtime, not with
 #   the CLI: it re-exports ``runtime/`` and the doctor's rank program joins its job through
 #   ``scalerun.init``, as any training script does;
-# - ``plan.variables`` is a room of its own at the bottom, apart from the planner above
-#   it: every layer reads the shared names there (that is its purpose), and it imports
-#   nothing.
+# - ``variables`` (the shared names) sits at the bottom, apart from the planner: every
+#   layer reads the shared names there (that is its purpose), and it imports nothing.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: names and small helpers any layer may use
-    ("version", "errors", "plan.variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
+    ("version", "errors", "variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
     # 1: readers of a node and a run, and the small acts on this process
     ("topology", "placement", "job", "rundir", "run_writer", "follow", "events", "profile", "affinity",
      "membind"),
@@ -74,7 +73,7 @@ ARGPARSE_ALLOWED = ("cli", "commands", "runtime.strategies.deepspeed")
 """argparse lives at the CLI's edge; DeepSpeed's strategy builds the namespace that
 DeepSpeed's own ``add_config_arguments`` API takes."""
 
-NAMES_MODULE = "plan.variables"
+NAMES_MODULE = "variables"
 """The one module that spells ``SCALERUN_*`` names (see its docstring)."""
 
 SCHEDULER_MODULES = ("placement", "job", "launch.slurm")
@@ -219,7 +218,7 @@ def room_of(module: str) -> str:
 
 
 def in_rooms(module: str, rooms: Iterable[str]) -> bool:
-    """In one of these rooms or below them (``plan.variables`` is within ``plan``)."""
+    """In one of these rooms or below them (``plan.rank`` is within ``plan``)."""
     return any(within(relative(module), room) for room in rooms)
 
 
@@ -445,7 +444,7 @@ def test_scheduler_variables_are_spelled_only_in_placement_job_and_the_slurm_bac
         "Placement.job / scalerun.job.detect_job, or name it there):" + "".join(f"\n  {text}" for text in bad))
 
 
-def test_scalerun_names_are_spelled_only_in_plan_variables() -> None:
+def test_scalerun_names_are_spelled_only_in_variables() -> None:
     names_module = f"{PACKAGE}.{NAMES_MODULE} "
     bad = [text for text in spelled_names(SRC) if not text.startswith(names_module)]
     assert not bad, (

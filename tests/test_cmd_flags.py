@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.cli import build_parser
 from scalerun.commands import flags
 from scalerun.commands import rank_doctor as rank_entry
 from scalerun.commands.doctor import options_from_args
-from scalerun.plan import variables
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 DECLARATIONS = {

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.version import __version__
 from tests.fixtures.make_sysfs import build_tree, load
 from tests.report.runs import Job, write_job

@@ -4,7 +4,7 @@ Why one module: a straggler is named by the local launcher or by the node sample
 any SLURM node, a restart by the local agent, a preemption or a hang by the job script
 or the ranks; ``scalerun monitor`` highlights them live, the launcher's closing summary
 and ``scalerun report`` put them on the timeline. They all meet in
-``RUN_DIR/events.jsonl`` (:data:`scalerun.plan.variables.EVENTS_FILE`), in the run
+``RUN_DIR/events.jsonl`` (:data:`scalerun.variables.EVENTS_FILE`), in the run
 directory because that is the one place every node of a job can write.
 
 Format: JSON Lines, one :class:`Event` per line, appended with one ``write`` of a whole
@@ -31,8 +31,8 @@ from typing import Any
 
 from scalerun import strict_json
 from scalerun.job import detect_job
-from scalerun.plan.variables import EVENTS_FILE
 from scalerun.run_writer import append_or_say
+from scalerun.variables import EVENTS_FILE
 
 KINDS = ("straggler", "recovered", "restart", "preempted", "requeued", "hang", "failed",
          "resumed")

@@ -15,8 +15,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 
 FIRST_PER_NODE = "first-per-node"
 DEFAULT_SCHEDULE = (2, 1, 3)

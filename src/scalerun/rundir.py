@@ -46,11 +46,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from scalerun import strict_json
+from scalerun import strict_json, variables
 from scalerun.files import make_dirs, new_file_mode
-from scalerun.plan import variables
 
-# The names are spelled in :mod:`scalerun.plan.variables`; these are their short local names.
+# The names are spelled in :mod:`scalerun.variables`; these are their short local names.
 STEPS = variables.STEPS_DIR
 MONITOR = variables.MONITOR_DIR
 PROFILE = variables.PROFILE_DIR

@@ -24,10 +24,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
+from scalerun import variables
 from scalerun.errors import TopologyError
 from scalerun.netconf.versions import rocm_version
 from scalerun.placement import Placement, detect
-from scalerun.plan import variables
 from scalerun.plan.gpu import task_gpus
 from scalerun.plan.rank import (
     NodePlan,

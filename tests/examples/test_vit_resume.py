@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.runtime import preempt
 from tests.ranks import free_port
 

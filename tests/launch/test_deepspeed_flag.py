@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.cli import main
 from scalerun.commands import launch
 from scalerun.errors import LaunchError, ScalerunError
-from scalerun.plan import variables
 from scalerun.plan.deepspeed import named_config, rank_env, script_arguments
 from scalerun.runtime.strategies.deepspeed_config import config_source
 from tests.launch.requests import local_job_from_args

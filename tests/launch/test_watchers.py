@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.launch.observe import WATCH_AFTER_S, Watchers
-from scalerun.plan import variables
 from scalerun.rundir import monitor_files
 
 ENV = {variables.MONITOR_INTERVAL: "0.2"}

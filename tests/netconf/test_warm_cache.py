@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.netconf.settings import Setting
 from scalerun.netconf.warm_cache import (
     COPIES_LOCK,
@@ -27,7 +28,6 @@ from scalerun.netconf.warm_cache import (
     targets_of,
     warm_of,
 )
-from scalerun.plan import variables
 
 
 def node_folders(root: Path) -> dict[str, Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.plan.knobs import (
     KnobError,
     Knobs,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.plan.launch import rank_environment
 from tests.launch.requests import plan, request
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.commands import launch_flags
 from scalerun.errors import LaunchError
-from scalerun.plan import variables
 from scalerun.plan.request import ObserveRequest
 from tests.launch.requests import parse_launch, plan, request
 

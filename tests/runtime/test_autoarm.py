@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.commands.exec_ import step_hooks_env
-from scalerun.plan import variables
 from scalerun.runtime.autoarm import BOOT_DIR, python_path_with_boot
 
 RUN = "/runs/r1"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.rundir import step_log_path
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.autoarm import BOOT_DIR

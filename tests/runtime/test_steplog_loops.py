@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.rundir import step_logs
 from scalerun.runtime import steplog_reader as keys
 from tests.frameworks import REPO, needs, scalerun

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.plan.request import TRACKERS
 from scalerun.runtime.trackers.registry import MODULES, flat_config, kind, metrics_of
 from scalerun.runtime.trackers.sink import LAUNCH_KEY, chosen_trackers, earlier_runs, this_launch

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.netconf.caches import CACHE_VARIABLES
-from scalerun.plan import variables
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILES = """

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.cli import main
-from scalerun.plan import variables
 
 REPO = Path(__file__).resolve().parents[2]
 POOR = REPO / "tests" / "fixtures" / "tune" / "poor_defaults.py"

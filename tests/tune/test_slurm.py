@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
 from scalerun.commands.slurm_runs import (
     cores_from_sinfo,
     job_command,
     run_job_logged,
     runs_on_slurm,
 )
-from scalerun.plan import variables
 from scalerun.plan.knobs import Knobs
 from scalerun.rundir import read_jsonl, step_logs
 from scalerun.tune.space import Candidate, NodeFacts

@@ -21,11 +21,11 @@ import os
 import sys
 from collections.abc import Mapping
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.job import detect_job
 from scalerun.launch.process import exec_command
 from scalerun.launch.rank_env import decided_env, exported_env, step_hooks_env
-from scalerun.plan import variables
 
 NAME = "exec"
 

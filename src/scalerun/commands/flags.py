@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.sites import DEFAULT_SITE
 

@@ -21,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from scalerun import profile, rundir
+from scalerun import profile, rundir, variables
 from scalerun.commands.flags import add_hyperthreads_argument, add_site_argument
 from scalerun.errors import LaunchError, ScalerunError
-from scalerun.plan import variables
 from scalerun.plan.gpu import BACKENDS
 from scalerun.plan.knobs import parse_pairs
 from scalerun.plan.request import (

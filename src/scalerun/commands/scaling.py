@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scalerun import variables
 from scalerun.commands.flags import add_site_argument, after_dashes, seconds
 from scalerun.commands.script_check import script_word
 from scalerun.commands.slurm_runs import cluster_gpus, job_command, run_job_logged, runs_on_slurm
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

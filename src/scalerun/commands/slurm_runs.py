@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from contextlib import suppress
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.commands.launch_flags import slurm_flags_of, slurm_given
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 from scalerun.scaling.study import STOP_GRACE_S, RunOutcome, run_logged
 from scalerun.sites import SiteProfile, resolve_site
 

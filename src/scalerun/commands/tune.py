@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerun import variables
 from scalerun.commands.flags import add_site_argument, after_dashes
 from scalerun.commands.script_check import script_word
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.scaling.study import RunOutcome

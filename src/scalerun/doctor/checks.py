@@ -18,11 +18,11 @@ from itertools import combinations
 
 import hostlist
 
+from scalerun import variables
 from scalerun.doctor.bisect import Bisection
 from scalerun.doctor.collectives import AllreduceResult, BandwidthRow, BarrierResult
 from scalerun.doctor.facts import Facts
 from scalerun.netconf.interfaces import interface_kind
-from scalerun.plan import variables
 from scalerun.plan.gpu import one_gpu_per_rank, visible_physical
 from scalerun.topology.cpulist import format_cpulist
 from scalerun.topology.model import Nic

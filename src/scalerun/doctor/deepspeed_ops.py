@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from scalerun.plan import variables
+from scalerun import variables
 
 SHM_COMM = "deepspeed_shm_comm"
 """The shared-memory collective op DeepSpeed's comm layer builds on CPU accelerators."""

@@ -21,11 +21,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from scalerun import strict_json
+from scalerun import strict_json, variables
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
 from scalerun.job import detect_job
-from scalerun.plan import variables
 from scalerun.plan.request import ObserveRequest
 from scalerun.redact import redact_data, secret_values
 from scalerun.rundir import RUN_FILE, monitor_path, ranks_path, run_dir_from

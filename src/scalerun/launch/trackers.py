@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerun import variables
 from scalerun.errors import LaunchError
-from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from string import Template
 
+from scalerun import variables
 from scalerun.job import detect_job
 from scalerun.netconf.caches import cache_settings
 from scalerun.netconf.gpu_direct import gdr_setting
 from scalerun.netconf.interfaces import InterfaceChoice, choose_interfaces
 from scalerun.netconf.settings import Setting, respect_user
-from scalerun.plan import variables
 from scalerun.topology.model import Nic
 
 

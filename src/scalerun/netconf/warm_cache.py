@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.files import file_sha256
 from scalerun.netconf.settings import Setting
-from scalerun.plan import variables
 from scalerun.topology.sysfs import PCI_DIR
 
 LAYOUT = 1

@@ -22,8 +22,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.errors import LaunchError
-from scalerun.plan import variables
 
 SWITCH = "--deepspeed"
 """``deepspeed.add_config_arguments``' flag that turns DeepSpeed on in the script."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scalerun import variables
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.job import (
     GPUS_PER_TASK_VARIABLE,
@@ -43,7 +44,6 @@ from scalerun.job import (
     SLURM_BINDING_VARIABLES,
     SLURM_GPU_VARIABLES,
 )
-from scalerun.plan import variables
 from scalerun.topology.model import Gpu
 
 #: Variables that hide GPUs from a process: CUDA's, and ROCm's two layers (ROCR below HIP).

@@ -3,7 +3,7 @@
 Why in the plan: ``scalerun tune`` measures, ``scalerun launch --knob KEY=VALUE``
 reproduces what it found, and inside every rank ``scalerun.wrap()`` and
 ``scalerun.loader()`` take these values where the script left an option unset. The
-knobs travel as one variable (:data:`scalerun.plan.variables.KNOBS`,
+knobs travel as one variable (:data:`scalerun.variables.KNOBS`,
 ``threads=1,loader_workers=2``) so that a local launch, a SLURM job script and a site
 profile's ``[env]`` all carry them the same way; the plan reads it once
 (:func:`scalerun.plan.rank.plan_rank`) and every reader asks the plan.

@@ -37,8 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from scalerun import variables
 from scalerun.errors import LaunchError
-from scalerun.plan import deepspeed, variables
+from scalerun.plan import deepspeed
 from scalerun.plan.knobs import knobs_text
 from scalerun.plan.rank import binding_variables
 from scalerun.plan.request import (

@@ -34,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from scalerun import variables
 from scalerun.errors import ScalerunError
 from scalerun.netconf.decide import Decision, RankFacts, decide_environment
 from scalerun.netconf.interfaces import InterfaceChoice
 from scalerun.netconf.settings import Setting
 from scalerun.placement import Placement
-from scalerun.plan import variables
 from scalerun.plan.binding import (
     BindingPlan,
     RankBinding,

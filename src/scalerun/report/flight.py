@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scalerun.plan.variables import FLIGHT_DIR
 from scalerun.topology.cpulist import format_cpulist as spans
+from scalerun.variables import FLIGHT_DIR
 
 FR_DIR = FLIGHT_DIR
 """The dumps' folder in the run directory: ``rank-<R>.json``, one per rank."""

@@ -29,8 +29,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from scalerun import variables
 from scalerun.errors import TopologyError
-from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.membind import MembindResult

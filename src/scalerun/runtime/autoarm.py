@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from scalerun.plan import variables
+from scalerun import variables
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 """The folder with the ``sitecustomize`` module that ranks find first on their path."""
@@ -124,7 +124,7 @@ def watch_for_hangs(environ: MutableMapping[str, str] | None = None) -> None:
     judged from its first optimizer step on (the step hooks report each), it dumps the
     stacks and the flight recorder and ends the rank as under ``init()``, which starts it
     again in a script that calls it. Not in a process the rank started (a spawned loader
-    worker imports torch too): :data:`~scalerun.plan.variables.WATCHDOG_PID` names the
+    worker imports torch too): :data:`~scalerun.variables.WATCHDOG_PID` names the
     watched one; nor in one without a ``RANK`` (every launcher gives its ranks one, the
     warm starter has none). Never raises."""
     env = os.environ if environ is None else environ

@@ -52,10 +52,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scalerun import strict_json
+from scalerun import strict_json, variables
 from scalerun.errors import ScalerunError
 from scalerun.files import file_sha256
-from scalerun.plan import variables
 from scalerun.runtime.context import Context, barrier, context
 from scalerun.runtime.continuation import Continuation, changed_size, judge, record
 from scalerun.runtime.strategies.base import Strategy

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TextIO
 
-from scalerun.plan import variables
+from scalerun import variables
 
 TORCH_WRAPPER = "_distributed_excepthook"
 """The name of the function ``init_process_group`` puts around ``sys.excepthook``."""

@@ -43,9 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from scalerun import strict_json
+from scalerun import strict_json, variables
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.run_writer import say_on_stderr
 from scalerun.runtime.stacks import (

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from scalerun import placement as placement_mod
+from scalerun import variables
 from scalerun.errors import PlacementError, ScalerunError
 from scalerun.events import record_rank_events, started_again
-from scalerun.plan import variables
 from scalerun.plan.gpu import visible_devices
 from scalerun.plan.request import MAX_TIMEOUT_S
 from scalerun.rundir import run_dir_from

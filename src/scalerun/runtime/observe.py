@@ -11,8 +11,7 @@ import atexit
 import os
 from typing import Any
 
-from scalerun import profile
-from scalerun.plan import variables
+from scalerun import profile, variables
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.steplog import StepLog, current_log
 

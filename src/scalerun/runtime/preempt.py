@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from scalerun.plan import variables
+from scalerun import variables
 
 if TYPE_CHECKING:  # pragma: no cover
 

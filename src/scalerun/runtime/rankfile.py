@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.run_writer import append_or_say
 from scalerun.rundir import ranks_path, run_dir_from
 

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 
 from scalerun import placement as placement_mod
-from scalerun.plan import variables
+from scalerun import variables
 
 
 def listen_address(master_addr: str, num_nodes: int) -> str | None:

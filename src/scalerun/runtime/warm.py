@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerun import variables
 from scalerun.netconf.caches import cache_root
 from scalerun.netconf.warm_cache import (
     WarmCache,
@@ -30,7 +31,6 @@ from scalerun.netconf.warm_cache import (
     targets_of,
     warm_of,
 )
-from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.plan.rank import RankPlan

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from scalerun.plan import variables
+from scalerun import variables
 from scalerun.sites.profile import SiteProfile
 from scalerun.sites.store import load_site
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scalerun.plan.knobs import ASKED_IN_RANKS, Knobs
-from scalerun.plan.variables import MAX_STEPS as MAX_STEPS_NAME
 from scalerun.tune.space import Candidate, TuneError
 from scalerun.tune.trials import RunTrial, TrialResult, recorded, run_or_reuse, trial_dir
+from scalerun.variables import MAX_STEPS as MAX_STEPS_NAME
 
 ETA = 2
 """Survivors of a rung: the best 1/ETA; the next rung runs ETA times more steps."""

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scalerun import strict_json
+from scalerun import strict_json, variables
 from scalerun.files import write_text_atomic
-from scalerun.plan import variables
 from scalerun.plan.knobs import Knobs, knobs_text
 from scalerun.shell import shell_quote
 from scalerun.tune.search import Budget, Progress, SearchResult, learn_costs, search

@@ -51,13 +51,13 @@ from dataclasses import dataclass
 from string import Template
 from typing import IO, Any, TextIO
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.launch.local import start, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
 from scalerun.launch.local.parent_death import ending_with_launcher
 from scalerun.launch.observe import RANKS_ENDED
-from scalerun.plan import variables
 from scalerun.plan.request import LocalOptions
 
 LOOPBACK = "127.0.0.1"

@@ -17,9 +17,9 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.launch.prefix import elastic_template
-from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan, RankVariable, exec_bind_words
 from scalerun.plan.request import LocalOptions, ObserveRequest
 

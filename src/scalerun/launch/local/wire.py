@@ -18,7 +18,7 @@ import socket
 import struct
 from typing import Any
 
-from scalerun.plan import variables
+from scalerun import variables
 
 HEADER = struct.Struct("!II")
 """Payload length and descriptor count."""

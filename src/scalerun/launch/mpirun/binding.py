@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scalerun import variables
 from scalerun.errors import ScalerunError
 from scalerun.launch.mpirun.job import NodeBinding
-from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan
 
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.errors import LaunchError
-from scalerun.plan import variables
 from scalerun.plan.launch import LaunchPlan, RankVariable
 from scalerun.plan.request import LaunchRequest, SlurmOptions
 from scalerun.shell import ShellRef, Word, shell_quote

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.launch.slurm.modes import MODES
-from scalerun.plan import variables
 from scalerun.plan.launch import ContainerEntry, LaunchPlan, RankVariable
 from scalerun.plan.request import ENTRIES, Pairs, SlurmOptions
 from scalerun.shell import Word, secret_references

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.launch.container import exec_words
 from scalerun.launch.prefix import rank_prefix
 from scalerun.launch.slurm.job import SlurmJob, parse_sbatch_arg
-from scalerun.plan import variables
 from scalerun.plan.launch import exec_bind_words
 from scalerun.redact import is_secret_name, redact_words
 from scalerun.shell import ShellRef, Word, expand_template, shell_quote, shell_template

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalerun import variables
 from scalerun.errors import LaunchError
 from scalerun.files import write_text_atomic
 from scalerun.launch.debug import findings
@@ -30,7 +31,6 @@ from scalerun.launch.slurm.render import (
     render_sbatch,
     secret_handoff,
 )
-from scalerun.plan import variables
 
 FINAL_STATES = {
     "COMPLETED",

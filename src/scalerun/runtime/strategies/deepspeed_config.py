@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scalerun import variables
 from scalerun.errors import ScalerunError
-from scalerun.plan import variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerun.runtime.strategies.base import TrainSettings

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalerun import variables
 from scalerun.errors import ScalerunError
 from scalerun.files import write_text_atomic
 from scalerun.job import detect_job
-from scalerun.plan import variables
 from scalerun.rundir import step_log_path
 from scalerun.runtime import steplog_reader as keys
 from scalerun.runtime.trackers.registry import MODULES, TrackerRun, kind
