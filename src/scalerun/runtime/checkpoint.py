@@ -362,7 +362,8 @@ class Wrapped(Protocol):
     """What a checkpoint reads and restores of the model ``scalerun.wrap()`` returns
     (:class:`scalerun.runtime.wrap.Wrapped`): its strategy and the loop's counters. A
     protocol, not an import: ``wrap`` stops a warned run through :mod:`.preempt`, which saves
-    through this module, so this module must not import ``wrap``."""
+    through this module, so neither this module nor :mod:`.preempt` (which sees the model
+    through this protocol too) may import ``wrap``."""
 
     strategy: Strategy
     optimizer: Any

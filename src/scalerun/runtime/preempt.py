@@ -27,13 +27,16 @@ This module decides:
   ``--checkpoint DIR`` flag is saved too);
 - how the rank ends: rank 0 prints where the checkpoint is and writes it to
   ``RUN_DIR/stopped-on-signal`` (the job script requeues the job when it finds that
-  file), then every rank leaves the process group and exits with
+  file), then every rank tells ``Wrapped.step()`` to end it with
   :data:`EXIT_CHECKPOINTED` (75, "try again later"), or 0 under a launcher that would
-  count any other code as a failure (torchrun, DeepSpeed's, ``scalerun launch``'s).
+  count any other code as a failure (torchrun, DeepSpeed's, ``scalerun launch``'s);
+  ``wrap`` stops its profiler, calls :func:`forget`, leaves the process group and exits.
 
 It never raises or blocks in a signal handler, never stops a rank in the middle of a step
 or of an accumulation cycle, and never saves into a folder holding checkpoints the run
-did not resume from (:func:`scalerun.runtime.checkpoint.refuse_foreign`).
+did not resume from (:func:`scalerun.runtime.checkpoint.refuse_foreign`). It sees the
+wrapped model as checkpoints do (:class:`scalerun.runtime.checkpoint.Wrapped`) and never
+imports ``wrap``, which calls it.
 """
 
 from __future__ import annotations
@@ -46,14 +49,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from scalerun import variables
 
 if TYPE_CHECKING:  # pragma: no cover
 
+    from scalerun.runtime.checkpoint import Wrapped
     from scalerun.runtime.context import Context
-    from scalerun.runtime.wrap import Wrapped
 
 EXIT_CHECKPOINTED = 75
 """Exit status of a rank that stopped on a signal after a complete checkpoint
@@ -121,24 +124,23 @@ def _remember(number: int, frame: Any) -> None:
     _stop.signal_number = _stop.signal_number or number
 
 
-def at_step_end(wrapped: Wrapped) -> None:
+def at_step_end(wrapped: Wrapped) -> int | None:
     """Called by ``Wrapped.step()`` after each optimizer step, the one place where every
-    rank is between two steps: stops the run here when the ranks agree that one of them
-    was signalled."""
+    rank is between two steps: when the ranks agree that one of them was signalled, saves
+    and returns the exit status the rank should end with; None: train on."""
     if not _stop.armed:
-        return
+        return None
     folder = _stop.folder or _folder_of_script()
     if folder is None:
         _tell_unsaved(wrapped.strategy.ctx)
-        return
+        return None
     if not _stop.folder_checked:  # a fresh start must not write into another run's folder
         from scalerun.runtime.checkpoint import refuse_foreign
 
         refuse_foreign(folder)
         _stop.folder_checked = True
     signalled = _agreed_signal(wrapped.strategy.ctx)
-    if signalled:
-        _save_and_exit(wrapped, folder, signalled)
+    return _save_and_tell(wrapped, folder, signalled) if signalled else None
 
 
 def _tell_unsaved(ctx: Context) -> None:
@@ -186,10 +188,11 @@ def _agreement_group() -> Any:
     return _stop.group
 
 
-def _save_and_exit(wrapped: Wrapped, folder: Path, number: int) -> NoReturn:
-    """Save, tell where (rank 0, then the job script through the run directory), leave."""
+def _save_and_tell(wrapped: Wrapped, folder: Path, number: int) -> int:
+    """Save, tell where (rank 0, then the job script through the run directory); the exit
+    status the rank ends with."""
     from scalerun.runtime import checkpoint
-    from scalerun.runtime.context import barrier, shutdown
+    from scalerun.runtime.context import barrier
 
     ctx = wrapped.strategy.ctx
     saved = checkpoint.save(folder, wrapped, loader=checkpoint.watched_loader())
@@ -199,11 +202,7 @@ def _save_and_exit(wrapped: Wrapped, folder: Path, number: int) -> NoReturn:
         _write_stopped(saved)
         _record_preempted(number, wrapped.optimizer_steps, saved)
     barrier()  # the file exists before any rank exits (srun may end the step at the first exit)
-    if wrapped.profiler is not None:
-        wrapped.profiler.stop()
-    forget()
-    shutdown()
-    raise SystemExit(exit_status(ctx.placement.launcher))
+    return exit_status(ctx.placement.launcher)
 
 
 def _record_preempted(number: int, step: int, saved: Path) -> None:

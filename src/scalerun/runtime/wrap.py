@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from scalerun.runtime import hang, knobs, observe, preempt, strategies
-from scalerun.runtime.context import context
+from scalerun.runtime.context import context, shutdown
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
     SchedulerArg,
@@ -119,14 +119,25 @@ class Wrapped(nn.Module):
         self.micro_steps += 1
         self.cycle_position = 0 if stepped else self.cycle_position + 1
         if stepped:  # between two steps: a warned job saves here, every rank at this step
-            preempt.at_step_end(self)
+            self._stop_if_warned()
         return stepped
+
+    def _stop_if_warned(self) -> None:
+        """A warned run (:mod:`.preempt`) ends here once it saved, on every rank at the same
+        step: the profiler's trace is written, the stop agreement finished, the process
+        group left, and the rank exits with the status preempt chose."""
+        status = preempt.at_step_end(self)
+        if status is None:
+            return
+        if self.profiler is not None:
+            self.profiler.stop()
+        preempt.forget()
+        shutdown()
+        raise SystemExit(status)
 
     def _stop_after_last_step(self) -> None:
         """A bounded run (``scalerun scaling --steps``) ends here, on every rank at the same
         step: logs are written, the process group is left, and the rank exits 0."""
-        from scalerun.runtime.context import shutdown
-
         if self.profiler is not None:
             self.profiler.stop()
         shutdown()
