@@ -10,9 +10,10 @@ What counts as an import of module A by module B:
   and classes, and inside ``if __name__ == "__main__":`` (that block runs whenever the
   module is started with ``python -m``, which is how launchers start entry modules, so
   its imports are as real as any);
-- not those under ``if TYPE_CHECKING:``, which never run (type hints only); the argparse
-  rule below is the exception and counts them too, since a module that names argparse's
-  types takes parsed flags, which is the CLI's job;
+- and those under ``if TYPE_CHECKING:`` (issue 32): they never run, but a type-only
+  import still ties the two modules, for a reader as for the next change that needs the
+  name at run time (a circle of hints is a circle; a module that names argparse's types
+  takes parsed flags, which is the CLI's job);
 - relative imports resolved against B's package; ``from P import name`` counts as an
   import of the module ``P.name`` where that is a module, else of ``P``; importing a
   module does not count as importing the packages around it (``P/__init__.py``).
@@ -66,9 +67,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 8: the CLI's edge
     ("commands", "cli", "__main__"),
 )
-UPWARD_ALLOWED = 1
-"""Imports from a lower layer to a higher one that may remain (issue 18: "at most one")."""
-
 ARGPARSE_ALLOWED = ("cli", "commands", "runtime.strategies.deepspeed")
 """argparse lives at the CLI's edge; DeepSpeed's strategy builds the namespace that
 DeepSpeed's own ``add_config_arguments`` API takes."""
@@ -137,24 +135,9 @@ def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def import_nodes(tree: ast.AST, *, with_type_checking: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement of the tree, skipping the bodies of ``if TYPE_CHECKING:``
-    unless asked (their ``else:`` runs, so it is always read)."""
-    if isinstance(tree, ast.Import | ast.ImportFrom):
-        yield tree
-        return
-    for field, value in ast.iter_fields(tree):
-        skip = (not with_type_checking and isinstance(tree, ast.If) and field == "body"
-                and is_type_checking(tree.test))
-        children = value if isinstance(value, list) else [value]
-        for child in children:
-            if isinstance(child, ast.AST) and not skip:
-                yield from import_nodes(child, with_type_checking=with_type_checking)
+def import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of the tree, ``if TYPE_CHECKING:`` ones included."""
+    return (node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom))
 
 
 def imported_names(node: ast.Import | ast.ImportFrom, module: Module) -> Iterator[str]:
@@ -186,7 +169,7 @@ def import_edges(src: Path, package: str = PACKAGE) -> list[Edge]:
     for module in modules.values():
         tree = parse(module.path)
         file = module.path.relative_to(src.parent).as_posix()
-        for node in import_nodes(tree, with_type_checking=False):
+        for node in import_nodes(tree):
             names = list(imported_names(node, module))
             if isinstance(node, ast.ImportFrom):  # ``from P import m``: m if a module, else P
                 names = [name if name in modules else names[0] for name in names[1:]] or names[:1]
@@ -377,22 +360,23 @@ def test_launch_backends_import_no_other_backend(edges: list[Edge]) -> None:
     assert not bad, "a launcher backend imports another backend:" + listing(bad)
 
 
-def test_at_most_one_import_runs_from_a_lower_layer_to_a_higher_one(edges: list[Edge]) -> None:
+def test_no_import_runs_from_a_lower_layer_to_a_higher_one(edges: list[Edge]) -> None:
+    """Issue 18 allowed one; issue 32 took the last away, type-only imports counted."""
     up = distinct(upward(edges))
     layers = layer_of_room()
-    assert len(up) <= UPWARD_ALLOWED, (
-        f"{counts(edges)}; at most {UPWARD_ALLOWED} allowed:" + "".join(
+    assert not up, (
+        f"{counts(edges)}; none allowed:" + "".join(
             f"\n  {edge}  [layer {layers[room_of(edge.source)]} -> {layers[room_of(edge.target)]}]"
             for edge in up))
 
 
 def argparse_imports(src: Path, package: str = PACKAGE) -> list[Edge]:
-    """Every import of argparse, ``if TYPE_CHECKING:`` ones included."""
+    """Every import of argparse."""
     found = []
     for module in find_modules(src, package).values():
         tree = parse(module.path)
         file = module.path.relative_to(src.parent).as_posix()
-        for node in import_nodes(tree, with_type_checking=True):
+        for node in import_nodes(tree):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else (
                 [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             if any(name == "argparse" or name.startswith("argparse.") for name in names):
@@ -492,6 +476,7 @@ def test_the_graph_resolves_relative_function_level_and_main_block_imports(fake:
     assert pairs == {
         ("fake.plan.rank", "fake.plan.gpu"),  # relative, a module named in from-import
         ("fake.plan.rank", "fake.launch.local"),  # two levels up
+        ("fake.plan.rank", "fake.runtime.init"),  # a type-only import counts
         ("fake.plan.rank", "fake.topology"),  # the else of TYPE_CHECKING runs
         ("fake.plan.gpu", "fake.plan.rank"),  # inside a function; an attribute -> its module
         ("fake.launch.local", "fake.launch.slurm.render"),
