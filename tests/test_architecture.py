@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("version", "errors", "variables", "shell", "files", "redact", "pages", "needs_torch", "strict_json"),
     # 1: readers of a node and a run, and the small acts on this process
     ("topology", "placement", "job", "rundir", "run_writer", "follow", "events", "profile", "affinity",
-     "membind"),
+     "membind", "parent_death"),
     # 2: site data and the communication rules the planner applies
     ("sites", "netconf"),
     # 3: the pure planner

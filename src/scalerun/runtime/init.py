@@ -131,7 +131,6 @@ def init(
 
 #: Launchers whose ranks are children of a Python agent that may be killed outright.
 AGENT_LAUNCHERS = frozenset({"torchrun", "deepspeed"})
-PR_SET_PDEATHSIG = 1
 
 
 def _die_with_the_agent(where: placement_mod.Placement) -> None:
@@ -139,20 +138,17 @@ def _die_with_the_agent(where: placement_mod.Placement) -> None:
 
     Why: an agent killed with SIGKILL (a job's time limit on a login node, ``kill -9``, an
     OOM kill) cannot stop its ranks, and they train on as orphans, holding GPUs and
-    ports. Linux's parent-death signal ends them with SIGTERM; elsewhere nothing happens.
+    ports. Linux's parent-death signal ends them with SIGTERM (:mod:`scalerun.parent_death`);
+    elsewhere nothing happens.
     """
-    if where.launcher not in AGENT_LAUNCHERS or not sys.platform.startswith("linux"):
+    if where.launcher not in AGENT_LAUNCHERS:
         return
-    import ctypes
     import signal
 
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the agent died before the signal was armed
+    from scalerun.parent_death import signal_on_parent_death
+
+    set_and_check = signal_on_parent_death(signal.SIGTERM, os.getppid())
+    if set_and_check is not None and not set_and_check():  # the agent died before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -23,7 +23,7 @@ What a rank sees is what torch elastic gives it:
   and one line names the rank that failed (:func:`.failures.failure_message`); SIGINT,
   SIGTERM, SIGHUP and SIGQUIT sent to the launcher go on to the ranks the same way;
   a launcher killed outright (SIGKILL) still ends them: each gets SIGTERM from the
-  kernel (:mod:`.parent_death`, Linux).
+  kernel (:mod:`scalerun.parent_death`, Linux).
 
 One thing differs: rank 0 hosts the rendezvous store, as under ``srun``, where the agent
 hosted it before (``TORCHELASTIC_USE_AGENT_STORE=False``). It listens on the loopback
@@ -56,8 +56,8 @@ from scalerun.errors import LaunchError
 from scalerun.launch.local import start, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
-from scalerun.launch.local.parent_death import ending_with_launcher
 from scalerun.launch.observe import RANKS_ENDED
+from scalerun.parent_death import ending_with_launcher
 from scalerun.plan.request import LocalOptions
 
 LOOPBACK = "127.0.0.1"

@@ -5,7 +5,7 @@ Why each step (the starter, :mod:`.starter`, already imported torch; this proces
 copy of it):
 
 - its own session, and SIGTERM from the kernel when the starter dies, as a rank the
-  launcher starts with ``exec`` (:mod:`.parent_death`);
+  launcher starts with ``exec`` (:mod:`scalerun.parent_death`);
 - its own stdout and stderr (the launcher's pipes for ``[rankN]:`` prefixes, or
   ``/dev/null`` for a rank ``--local-ranks-filter`` hides);
 - the rank's environment in ``os.environ`` before anything reads it: GPU visibility
@@ -129,7 +129,7 @@ def _exit_code(value: object) -> int:
 
 
 def _end_with(starter: int) -> None:
-    from scalerun.launch.local.parent_death import ending_with_launcher
+    from scalerun.parent_death import ending_with_launcher
 
     set_here = ending_with_launcher(launcher=starter)
     if set_here is not None:

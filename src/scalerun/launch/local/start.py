@@ -101,7 +101,7 @@ def bound_ranks(wanted: bool = True) -> Iterator[bool]:
 @contextlib.contextmanager
 def ranks_ending_with_agent(starter: Any = None, *, child_binds: bool = False) -> Iterator[bool]:
     """Within the block, each rank torch elastic's agent starts gets the kernel's SIGTERM when
-    the agent dies, as the direct launcher's ranks do (:mod:`.parent_death`): a ``scalerun
+    the agent dies, as the direct launcher's ranks do (:mod:`scalerun.parent_death`): a ``scalerun
     launch`` killed outright (SIGKILL, the OOM killer) leaves no rank behind, which plain
     ``torchrun`` does. With the node's warm ``starter`` (:class:`.warm.Starter`) the agent's
     ranks are forked by it instead (restarts too), each applying its plan itself where
@@ -110,7 +110,7 @@ def ranks_ending_with_agent(starter: Any = None, *, child_binds: bool = False) -
     its ranks through the module's ``Popen``."""
     import subprocess
 
-    from scalerun.launch.local.parent_death import ending_with_launcher
+    from scalerun.parent_death import ending_with_launcher
 
     set_in_child = ending_with_launcher()
     try:

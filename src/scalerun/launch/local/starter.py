@@ -245,7 +245,7 @@ def fork_here(ours: socket.socket, theirs: socket.socket, modules: Sequence[str]
     fork it safely (a preload does not import here, or a thread runs: a fork copies only
     the calling thread, and a lock another one held stays held). The child serves
     ``theirs`` and never returns into the caller's frames."""
-    from scalerun.launch.local.parent_death import ending_with_launcher
+    from scalerun.parent_death import ending_with_launcher
 
     if preload([], modules) is not None or threading.active_count() != 1:
         return None

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from scalerun.launch.local import wire
 from scalerun.launch.local.failures import describe_exit
-from scalerun.launch.local.parent_death import ending_with_launcher
+from scalerun.parent_death import ending_with_launcher
 
 MODES = ("warm", "exec")
 """``--start``: fork each rank from the node's starter (default), or start each with exec."""

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from scalerun.launch.local.parent_death import ending_with_launcher
+from scalerun.parent_death import ending_with_launcher
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 
@@ -23,7 +23,7 @@ def test_a_child_started_after_its_launcher_died_ends_at_once() -> None:
     # in a process of its own: a fork of the test worker would copy its threads' locks
     program = textwrap.dedent("""
         import os, subprocess
-        from scalerun.launch.local.parent_death import ending_with_launcher
+        from scalerun.parent_death import ending_with_launcher
         set_in_child = ending_with_launcher()
         assert set_in_child is not None
         pid = os.fork()
@@ -44,3 +44,20 @@ def test_a_child_of_its_living_launcher_runs_its_program() -> None:
     done = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=ending_with_launcher(),
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ran\n")
+
+
+def test_a_process_that_asks_itself_gets_the_setting_and_learns_whether_its_parent_is_the_one_named() -> None:
+    """What ``scalerun.init`` does for a rank of torch elastic's agent: the kernel holds the
+    signal (``PR_GET_PDEATHSIG``), and a parent that is not the one named reads as gone."""
+    program = textwrap.dedent("""
+        import ctypes, os, signal
+        from scalerun.parent_death import signal_on_parent_death
+        print(signal_on_parent_death(signal.SIGTERM, os.getppid())(),
+              signal_on_parent_death(signal.SIGTERM, os.getppid() + 1)())
+        held = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(held), 0, 0, 0)  # PR_GET_PDEATHSIG
+        print(held.value)
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", str(int(signal.SIGTERM))]
