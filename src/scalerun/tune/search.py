@@ -141,30 +141,80 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
     """Successive halving over ``candidates`` (the first is the default), then ``refine``'s
     candidates around the winner at the deepest rung's steps, all within ``budget``. A
     first-round trial that runs out of memory is followed by ``fallback``'s twin (FSDP)."""
-    trials: list[TrialResult] = []
-    deepest: dict[str, TrialResult] = {}
+    state = _Search(candidates[0], out_dir, run_trial, fingerprint, budget, warmup_steps,
+                    validation_s, progress)
+    default = _run_default(state, first_steps)
+    others = _worth_trying(state, default, candidates[1:])
+    random.Random(seed).shuffle(others)  # ties and the order of a full first round
+    rung, skipped = _first_round(state, others, len(candidates), first_steps, fallback)
+    _halve(state, rung, first_steps)
+    best = state.best()
+    if refine is not None and best is not None:
+        _refine(state, refine(best.candidate), best.steps)
+    ranking = sorted(state.deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
+    return SearchResult(trials=tuple(state.trials), ranking=tuple(ranking),
+                        default=state.deepest[state.default.label], skipped=skipped)
 
-    def free(candidate: Candidate, steps: int) -> bool:
+
+@dataclass
+class _Search:
+    """What the steps of one search share: how a trial is run and charged, every trial so
+    far, each candidate's deepest trial, and the costs learnt from them."""
+
+    default: Candidate
+    out_dir: Path
+    run_trial: RunTrial
+    fingerprint: Callable[[Candidate, int], dict[str, Any]]
+    budget: Budget
+    warmup_steps: int
+    validation_s: Callable[[Costs, Candidate], float]
+    progress: Progress
+    trials: list[TrialResult] = field(default_factory=list)
+    deepest: dict[str, TrialResult] = field(default_factory=dict)
+    costs: Costs | None = None
+    """None until the default's trial ran."""
+
+    def best(self) -> TrialResult | None:
+        return _best(self.deepest.values())
+
+    def free(self, candidate: Candidate, steps: int) -> bool:
         """Finished by an earlier call with this ``--out``: reusing it costs nothing."""
-        return recorded(trial_dir(out_dir, candidate, steps), candidate, steps,
-                        fingerprint(candidate, steps)) is not None
+        return recorded(trial_dir(self.out_dir, candidate, steps), candidate, steps,
+                        self.fingerprint(candidate, steps)) is not None
 
-    def fits(candidate: Candidate, steps: int, end: float) -> bool:
-        return free(candidate, steps) or budget.spent_s + costs.predict(candidate, steps) <= end
+    def fits(self, candidate: Candidate, steps: int, end: float) -> bool:
+        assert self.costs is not None
+        return self.free(candidate, steps) or self.budget.spent_s + self.costs.predict(candidate, steps) <= end
 
-    def run(candidate: Candidate, steps: int) -> TrialResult:
-        result = run_or_reuse(out_dir, candidate, steps, fingerprint(candidate, steps), run_trial,
-                              warmup_steps, clock=budget.clock, spent=lambda: budget.spent_s)
+    def end(self) -> float:
+        """The budget less the check's time, costed with the best so far: a winner with a
+        larger batch has longer steps than the defaults, and its check run must fit too."""
+        assert self.costs is not None
+        best = self.best()
+        return self.budget.total_s - self.validation_s(self.costs, best.candidate if best else self.default)
+
+    def run(self, candidate: Candidate, steps: int) -> TrialResult:
+        budget = self.budget
+        result = run_or_reuse(self.out_dir, candidate, steps, self.fingerprint(candidate, steps),
+                              self.run_trial, self.warmup_steps, clock=budget.clock,
+                              spent=lambda: budget.spent_s)
         if result.resumed:
             budget.replay(result)
-        trials.append(result)
-        previous = deepest.get(candidate.label)
+        self.trials.append(result)
+        previous = self.deepest.get(candidate.label)
         if previous is None or steps >= previous.steps:
-            deepest[candidate.label] = result
-        progress.trial(result, _best(deepest.values()), budget.spent_s)
+            self.deepest[candidate.label] = result
+        self.progress.trial(result, self.best(), budget.spent_s)
         return result
 
-    default = run(candidates[0], first_steps)
+    def learn(self) -> None:
+        self.costs = learn_costs(self.trials) or self.costs
+
+
+def _run_default(state: _Search, first_steps: int) -> TrialResult:
+    """The default's first trial: it must run, stop at the steps asked, and leave a search
+    room in the budget; what it measured prices every trial after it."""
+    default = state.run(state.default, first_steps)
     if not default.ok:
         raise TuneError(f"the default configuration did not run ({default.status}: {default.error}); "
                         f"fix the script or the launch first (log: {default.run_dir})")
@@ -173,84 +223,111 @@ def search(candidates: Sequence[Candidate], out_dir: Path, run_trial: RunTrial, 
         raise TuneError(f"the script ran {ran} steps where the trial asked for {first_steps}: its loop does not "
                         f"stop at {MAX_STEPS_NAME} (scalerun stops a loop that steps a torch optimizer, or uses "
                         f"wrap()); make it stop there, or read the variable in the script (log: {default.run_dir})")
-    costs = learn_costs(trials)
-    assert costs is not None
-
-    def search_end() -> float:
-        """The budget less the check's time, costed with the best so far: a winner with a
-        larger batch has longer steps than the defaults, and its check run must fit too."""
-        best = _best(deepest.values())
-        return budget.total_s - validation_s(costs, best.candidate if best else candidates[0])
-
-    if search_end() <= budget.spent_s:
-        raise TuneError(f"a budget of {budget.total_s:g} s holds no search: one run of the defaults "
+    state.learn()
+    assert state.costs is not None
+    if state.end() <= state.budget.spent_s:
+        raise TuneError(f"a budget of {state.budget.total_s:g} s holds no search: one run of the defaults "
                         f"took {default.measured.wall_s if default.measured else 0:.0f} s; give a "
                         "larger --budget or fewer --steps")
+    return default
+
+
+def _worth_trying(state: _Search, default: TrialResult, others: Sequence[Candidate]) -> list[Candidate]:
+    """``others`` less those that would run as the default does (:func:`distinct_runs`), said
+    in one note."""
     kept = default.measured.knobs_kept if default.measured else None
     unused = unused_knobs(default.measured.knobs_asked if default.measured else None)
-    others = distinct_runs(candidates[0], candidates[1:], {*unused, *(kept or {})})
-    if len(others) < len(candidates) - 1:
+    distinct = distinct_runs(state.default, others, {*unused, *(kept or {})})
+    if len(distinct) < len(others):
         why = [f"sets itself ({', '.join(sorted(kept))})"] if kept else []
         why += [f"never asks scalerun for ({', '.join(sorted(unused))})"] if unused else []
-        progress.note(f"{len(candidates) - 1 - len(others)} configuration(s) differ only in what the script "
-                      f"{' or '.join(why)}: not tried")
-    random.Random(seed).shuffle(others)  # ties and the order of a full first round
-    held = first_round_size(len(candidates), costs, candidates[0], first_steps, search_end() - budget.spent_s)
-    adaptive = held < len(candidates)
+        state.progress.note(f"{len(others) - len(distinct)} configuration(s) differ only in what the script "
+                            f"{' or '.join(why)}: not tried")
+    return distinct
+
+
+def _first_round(state: _Search, others: list[Candidate], count: int, first_steps: int,
+                 fallback: Callable[[Candidate], Candidate | None] | None) -> tuple[list[Candidate], int]:
+    """The first rung at ``first_steps``: every one of ``others`` where the budget holds the
+    rungs after it, else a coordinate search over the first round's share of the time
+    (``count``: the candidates, the default counted). The rung's candidates, and how many
+    of ``others`` were never tried."""
+    assert state.costs is not None
+    budget = state.budget
+    held = first_round_size(count, state.costs, state.default, first_steps, state.end() - budget.spent_s)
+    adaptive = held < count
     first_end = math.inf  # a full first round: the search's end alone
     owed = 0
     if adaptive:  # its share; the one more trial that first_round_size counted on may use the search's time
-        first_end = budget.spent_s + (search_end() - budget.spent_s) * FIRST_ROUND_SHARE
+        first_end = budget.spent_s + (state.end() - budget.spent_s) * FIRST_ROUND_SHARE
         owed = 1 if held > 1 else 0
-    rung = [candidates[0]]
+    rung = [state.default]
     skipped = 0
     while others:
-        candidate = next_neighbour(_best(deepest.values()), others, deepest) if adaptive else others[0]
+        candidate = next_neighbour(state.best(), others, state.deepest) if adaptive else others[0]
         others.remove(candidate)
-        if not fits(candidate, first_steps, search_end() if len(rung) <= owed else min(first_end, search_end())):
+        if not state.fits(candidate, first_steps, state.end() if len(rung) <= owed else min(first_end, state.end())):
             skipped += 1
             if adaptive:  # the first round's share is spent: the rest are not tried
                 skipped += len(others)
                 break
             continue
-        tried = run(candidate, first_steps)
-        rung.append(candidate)
-        twin = fallback(candidate) if fallback is not None and tried.status == "infeasible" else None
-        if twin is not None and twin.label not in deepest and fits(twin, first_steps, search_end()):
-            progress.note(f"{candidate.label} ran out of memory; trying it with {twin.knobs.strategy}")
-            run(twin, first_steps)
-            rung.append(twin)
-        costs = learn_costs(trials) or costs
+        rung += _try_with_fallback(state, candidate, first_steps, fallback)
+        state.learn()
+    return rung, skipped
+
+
+def _try_with_fallback(state: _Search, candidate: Candidate, steps: int,
+                       fallback: Callable[[Candidate], Candidate | None] | None) -> list[Candidate]:
+    """Run ``candidate``; where it ran out of memory, its ``fallback`` twin too, where that
+    is new and fits. The candidates run."""
+    tried = state.run(candidate, steps)
+    twin = fallback(candidate) if fallback is not None and tried.status == "infeasible" else None
+    if twin is None or twin.label in state.deepest or not state.fits(twin, steps, state.end()):
+        return [candidate]
+    state.progress.note(f"{candidate.label} ran out of memory; trying it with {twin.knobs.strategy}")
+    state.run(twin, steps)
+    return [candidate, twin]
+
+
+def _halve(state: _Search, rung: list[Candidate], first_steps: int) -> None:
+    """The rungs after the first: the better 1/:data:`ETA` of each, :data:`ETA` times longer,
+    while two or more are left and (as many of them as) fit."""
     steps = first_steps
     while len(rung) > 1:
-        ranked = sorted((deepest[c.label] for c in rung), key=lambda r: -r.speed)
+        ranked = sorted((state.deepest[c.label] for c in rung), key=lambda r: -r.speed)
         alive = [r.candidate for r in ranked if r.ok]
         keep = alive[: max(1, math.ceil(len(alive) / ETA))] if len(alive) > 1 else alive
         steps *= ETA
         if len(keep) <= 1:
             break
-        if not all(free(c, steps) for c in keep):  # else an earlier call ran this rung: it fitted
-            left = search_end() - budget.spent_s  # a rung that does not fit whole: the best that fit
-            fit = sum(1 for total in itertools.accumulate(costs.predict(c, steps) for c in keep) if total <= left)
-            if fit < 2:
+        if not all(state.free(c, steps) for c in keep):  # else an earlier call ran this rung: it fitted
+            keep = keep[:_fitting(state, keep, steps)]
+            if len(keep) < 2:
                 break
-            keep = keep[:fit]
-        progress.note(f"rung of {steps} steps: {len(keep)} candidate(s) left")
+        state.progress.note(f"rung of {steps} steps: {len(keep)} candidate(s) left")
         for candidate in keep:
-            run(candidate, steps)
-        costs = learn_costs(trials) or costs
+            state.run(candidate, steps)
+        state.learn()
         rung = keep
-    best = _best(deepest.values())
-    if refine is not None and best is not None:
-        around = [c for c in refine(best.candidate) if c.label not in deepest]
-        if around:
-            progress.note(f"trying {len(around)} setting(s) around the best at {best.steps} steps")
-        for candidate in around:
-            if fits(candidate, best.steps, search_end()):
-                run(candidate, best.steps)
-    ranking = sorted(deepest.values(), key=lambda r: (-r.steps if r.ok else 0, -r.speed))
-    return SearchResult(trials=tuple(trials), ranking=tuple(ranking), default=deepest[candidates[0].label],
-                        skipped=skipped)
+
+
+def _fitting(state: _Search, keep: Sequence[Candidate], steps: int) -> int:
+    """How many of ``keep``, best first, the search's time left holds at ``steps``: a rung
+    that does not fit whole runs the best that fit."""
+    assert state.costs is not None
+    left = state.end() - state.budget.spent_s
+    return sum(1 for total in itertools.accumulate(state.costs.predict(c, steps) for c in keep) if total <= left)
+
+
+def _refine(state: _Search, around: Sequence[Candidate], steps: int) -> None:
+    """The untried settings around the best, at its steps, each where it fits."""
+    around = [c for c in around if c.label not in state.deepest]
+    if around:
+        state.progress.note(f"trying {len(around)} setting(s) around the best at {steps} steps")
+    for candidate in around:
+        if state.fits(candidate, steps, state.end()):
+            state.run(candidate, steps)
 
 
 def unused_knobs(asked: Sequence[str] | None) -> list[str]:
