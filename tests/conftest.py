@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.slurm_fixture", "tests.container.standin", "tests.process_guard", "tests.cpu_census"]
+pytest_plugins = ["tests.slurm_fixture", "tests.slurm_vit", "tests.container.standin", "tests.process_guard", "tests.cpu_census"]
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 SAVED = "SCALERUN_TEST_MACHINE_VISIBILITY"
@@ -53,6 +53,12 @@ sys.dont_write_bytecode = False
 RUNS = tempfile.mkdtemp(prefix="scalerun-test-runs-")
 os.environ["SCALERUN_RUNS"] = RUNS
 atexit.register(shutil.rmtree, RUNS, ignore_errors=True)
+
+# torch.compile's inductor starts a pool of compile workers, each importing torch (about
+# 3 s of CPU), where the process may run on more than one CPU: an unbound test process on
+# these 2-core machines started two, for 6 of the compiled bf16 test's 47 CPU-s (measured
+# with a cold cache). A rank bound to one core starts none either way.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def machine_env(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Preemption on the real SLURM test cluster: warned, saved, requeued, resumed, the same weights.
 
 A job trains the example (tiny ViT, 2 nodes x 1 rank, gloo on CPU) with ``--checkpoint``
-and ``--requeue``; halfway, the test sends the warning the way SLURM does before a time
-limit, ``scancel --signal=USR1 --batch JOB``. The job script passes it to the training
-step, every rank finishes its step and saves, the script requeues the job, and the job,
-started again, resumes from the saved step. A job that is never warned trains the same
-steps: the final weights of both are equal bit for bit (torchrun mode; srun mode in
+and ``--requeue``; after its first epoch, the test sends the warning the way SLURM does
+before a time limit, ``scancel --signal=USR1 --batch JOB``. The job script passes it to the
+training step, every rank finishes its step and saves, the script requeues the job, and the
+job, started again, resumes from the saved step. The same training never warned
+(tests/slurm_vit.py, shared with tests/test_slurm_resize.py) trains the same steps: the
+final weights of both are equal bit for bit (torchrun mode; srun mode in
 tests/test_slurm_resize.py, step by step).
 
 The test cluster's slurm.conf lets a requeued job start again after 10 s (its
@@ -17,50 +18,23 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.slurm_vit import (
+    EPOCHS,
+    STEPS,
+    STEPS_PER_EPOCH,
+    finished,
+    job_fields,
+    log_of,
+    submit_vit,
+    wait_until,
+)
+
 pytestmark = pytest.mark.slurm
-
-REPO = Path(__file__).resolve().parents[1]
-SAMPLES = 512  # 410 training images: 26 steps an epoch at 8 per rank and step, 2 ranks
-STEPS_PER_EPOCH = 26
-EPOCHS = 4  # the warning comes after the first: three epochs (78 steps) of margin before the end
-STEPS = STEPS_PER_EPOCH * EPOCHS
-JOB_TIMEOUT_S = 420
-
-
-@pytest.fixture(scope="module")
-def vit_data(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vit") / "data.h5"
-    subprocess.run([sys.executable, "examples/vit/make_data.py", "--out", str(path), "--samples", str(SAMPLES)],
-                   cwd=REPO, check=True, capture_output=True, timeout=120)
-    return path
-
-
-def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str,
-           env: dict[str, str] | None = None) -> str:
-    """``scalerun launch`` of the example, without waiting; returns the job id."""
-    done = subprocess.run(
-        [sys.executable, "-m", "scalerun", "launch", "--nodes", "2", "--gpus-per-node", "1",
-         "--cpus-per-task", "1", "--mode", mode, "--no-check", "--run-dir", str(run_dir),
-         "--checkpoint", str(run_dir / "ckpt"), *flags,
-         "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS), "--batch-size", "8",
-         "--num-workers", "1", "--data", str(data), "--no-generate", "--out", str(run_dir / "model.pt")],
-        cwd=REPO, env={**cluster.env, **(env or {})}, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return re.search(r"submitted job (\d+)", done.stdout).group(1)
-
-
-def job_fields(cluster, job_id: str) -> dict[str, str]:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env,
-                           capture_output=True, text=True, timeout=30).stdout
-    return dict(part.split("=", 1) for part in shown.split() if "=" in part)
 
 
 def trained_an_epoch(cluster, run_dir: Path, job_id: str) -> bool:
@@ -78,35 +52,16 @@ def steps_logged(run_dir: Path) -> list[int]:
     return [record["step"] for record in records if record["kind"] == "step"]
 
 
-def wait_until(condition, what: str, timeout_s: float = JOB_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1)
-
-
-def finished(cluster, job_id: str) -> bool:
-    return job_fields(cluster, job_id).get("JobState") in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
-
-
-def log_of(run_dir: Path, job_id: str) -> str:
-    return (run_dir / f"slurm-{job_id}.out").read_text(errors="replace")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, vit_data, tmp_path_factory) -> Path:
-    """The reference: the same job, never warned (no requeue needed)."""
-    run_dir = tmp_path_factory.mktemp("straight")
-    job_id = submit(slurm_cluster, run_dir, vit_data, "srun")
-    wait_until(lambda: finished(slurm_cluster, job_id), f"job {job_id}")
-    fields = job_fields(slurm_cluster, job_id)
-    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), log_of(run_dir, job_id)
-    return run_dir
+def submit(cluster, run_dir: Path, data: Path, mode: str, *flags: str,
+           env: dict[str, str] | None = None) -> str:
+    """The example on 2 nodes with the launcher's ``--checkpoint``; the job id."""
+    return submit_vit(cluster, run_dir, data, "--nodes", "2", "--mode", mode,
+                      "--checkpoint", str(run_dir / "ckpt"), *flags, own_checkpoint=False, env=env)
 
 
 @pytest.mark.parametrize("mode", ["torchrun"])
 def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
-    slurm_cluster, vit_data, uninterrupted, tmp_path, mode
+    slurm_cluster, slurm_vit_data, slurm_vit_reference, tmp_path, mode
 ):
     """torchrun mode; srun mode's warning, save, requeue, resume and MLflow run are checked
     by tests/test_slurm_resize.py's job, which also comes back on fewer nodes."""
@@ -115,7 +70,7 @@ def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
 
     client = MlflowClient(tracking_uri=uri)  # artifacts here, not in ./mlruns of the job (the repo)
     experiment = client.create_experiment("requeue", artifact_location=(tmp_path / "artifacts").as_uri())
-    job_id = submit(slurm_cluster, tmp_path, vit_data, mode, "--requeue", "--track", "mlflow",
+    job_id = submit(slurm_cluster, tmp_path, slurm_vit_data, mode, "--requeue", "--track", "mlflow",
                     env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "requeue"})
     wait_until(lambda: trained_an_epoch(slurm_cluster, tmp_path, job_id), f"an epoch of job {job_id}")
     warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
@@ -137,7 +92,7 @@ def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
     assert f"scalerun: resumed from step {step} ({saved};" in log
     assert steps_logged(tmp_path) == list(range(1, STEPS + 1))
     last_epoch = re.compile(rf"epoch {EPOCHS}: train loss \S+, val loss \S+, val accuracy \S+ \S+")
-    reference_log = "".join(p.read_text() for p in uninterrupted.glob("slurm-*.out"))
+    reference_log = "".join(p.read_text() for p in slurm_vit_reference.glob("slurm-*.out"))
     assert last_epoch.search(log).group(0) == last_epoch.search(reference_log).group(0)
 
     # 3. the requeued incarnation's rank 0 continued the first one's MLflow run: one run,
@@ -150,15 +105,15 @@ def test_a_warned_job_saves_requeues_and_ends_with_the_uninterrupted_weights(
 
     # 4. the final weights are the uninterrupted run's, bit for bit
     resumed = torch.load(tmp_path / "model.pt", weights_only=True)
-    straight = torch.load(uninterrupted / "model.pt", weights_only=True)
+    straight = torch.load(slurm_vit_reference / "model.pt", weights_only=True)
     assert resumed.keys() == straight.keys()
     assert all(torch.equal(resumed[name], straight[name]) for name in straight)
 
 
 def test_without_requeue_the_warned_job_ends_cleanly_and_says_where_the_checkpoint_is(
-    slurm_cluster, vit_data, tmp_path
+    slurm_cluster, slurm_vit_data, tmp_path
 ):
-    job_id = submit(slurm_cluster, tmp_path, vit_data, "srun")
+    job_id = submit(slurm_cluster, tmp_path, slurm_vit_data, "srun")
     wait_until(lambda: trained_an_epoch(slurm_cluster, tmp_path, job_id), f"an epoch of job {job_id}")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_cluster.env,
                    check=True, capture_output=True, timeout=30)

@@ -34,48 +34,18 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_slurm_preempt import finished, job_fields, log_of, wait_until
+from tests.slurm_vit import EPOCHS, STEPS, finished, job_fields, log_of, submit_vit, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]  # two jobs, on a shared queue
 
-REPO = Path(__file__).resolve().parents[1]
-EPOCHS = 5  # 320 training images, 20 global batches of 16 an epoch: 100 steps
-STEPS = EPOCHS * 20
 LAST_EPOCH = re.compile(rf"epoch {EPOCHS}: train loss (\S+), val loss (\S+), val accuracy \S+ \((\d+)/80\)")
 LOSS_ATOL = 5e-3  # fp32 sums in another order for up to 90 steps; see the module's docstring
 STEP_ATOL = 1e-4  # one step's loss, a few steps after the resume: rounding only
 STEPS_AFTER = 3  # steps after the resume compared one by one
-
-
-@pytest.fixture(scope="module")
-def vit_data(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vit") / "data.h5"
-    subprocess.run([sys.executable, "examples/vit/make_data.py", "--out", str(path), "--samples",
-                    "400", "--classes", "4"], cwd=REPO, check=True, capture_output=True, timeout=120)
-    return path
-
-
-def submit(cluster, run_dir: Path, data: Path, nodes: str, *flags: str,
-           env: dict[str, str] | None = None) -> str:
-    """The example with its own checkpoint folder under ``run_dir``; returns the job id."""
-    done = subprocess.run(
-        # --cpu-bind none: the masks planned on the first node need not hold on the other,
-        # where another session's job may hold the CPU they name (SLURM places the task)
-        [sys.executable, "-m", "scalerun", "launch", "--nodes", nodes, "--gpus-per-node", "1",
-         "--cpus-per-task", "1", "--cpu-bind", "none", "--no-check", "--run-dir", str(run_dir),
-         *flags,
-         "examples/vit/train.py", "--model", "tiny", "--epochs", str(EPOCHS),
-         "--global-batch-size", "16", "--num-workers", "0", "--data", str(data), "--no-generate",
-         "--checkpoint", str(run_dir / "own"), "--out", str(run_dir / "model.pt")],
-        cwd=REPO, env={**cluster.env, **(env or {})}, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return re.search(r"submitted job (\d+)", done.stdout).group(1)
 
 
 def all_idle(cluster) -> bool:
@@ -93,14 +63,12 @@ def scontrol(cluster, *words: str) -> None:
 
 
 def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
-    slurm_cluster, vit_data, tmp_path_factory
+    slurm_cluster, slurm_vit_data, slurm_vit_reference, tmp_path_factory
 ):
     """Also srun mode's preemption as tests/test_slurm_preempt.py checks it in torchrun mode:
     the requeue line, and the job's two attempts sending to one MLflow run."""
-    straight_dir = tmp_path_factory.mktemp("straight")
-    straight = submit(slurm_cluster, straight_dir, vit_data, "2")
-    wait_until(lambda: finished(slurm_cluster, straight), f"job {straight}")
-    assert job_fields(slurm_cluster, straight)["JobState"] == "COMPLETED", log_of(straight_dir, straight)
+    straight_dir = slurm_vit_reference  # the training never interrupted (tests/slurm_vit.py)
+    straight = re.search(r"slurm-(\d+)\.out", " ".join(p.name for p in straight_dir.glob("slurm-*.out"))).group(1)
     reference = last_epoch(log_of(straight_dir, straight))
 
     run_dir = tmp_path_factory.mktemp("resized")
@@ -111,7 +79,7 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     experiment = client.create_experiment("resize", artifact_location=(run_dir / "artifacts").as_uri())
     # held until both nodes are free (other sessions share the cluster): a range starts on
     # what is free, and this test needs the job to start on both
-    job_id = submit(slurm_cluster, run_dir, vit_data, "1-2", "--requeue", "--sbatch-arg=--hold",
+    job_id = submit_vit(slurm_cluster, run_dir, slurm_vit_data, "--nodes", "1-2", "--requeue", "--sbatch-arg=--hold",
                     "--track", "mlflow", env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "resize"})
     wait_until(lambda: all_idle(slurm_cluster), "both nodes idle")
     scontrol(slurm_cluster, "release", job_id)

@@ -218,27 +218,45 @@ def test_two_slurm_nodes_submitted_and_followed_with_busbw_against_the_sites_lin
     assert "algbw" in line and "of the 0.625 GB/s of NIC bandwidth per rank the site states" in line
 
 
-@pytest.mark.slurm
-@pytest.mark.parametrize(("safe", "level", "words"), [
-    ("false", "WARN", "breaks communication with RCCL and GPU-aware MPI"),  # course text 003:26
-    ("true", "PASS", "the site says its GPU binding is safe"),
-])
-def test_srun_gpus_per_task_is_warned_where_the_site_says_it_is_unsafe(slurm_cluster, tmp_path: Path,
-                                                                       safe, level, words) -> None:
-    """Each of 2 x 2 tasks runs ``scalerun doctor`` under a real ``srun --gpus-per-task=1``:
-    SLURM hands every task its own fake GPU and says so (SLURMD_TRES_BIND); the site file
-    decides whether that is a WARN."""
-    site = tmp_path / "gpusite.toml"
-    site.write_text(f'extends = "local"\n[slurm]\ngpu_binding_safe = {safe}\n')
+@pytest.fixture(scope="module")
+def gpus_per_task_report(slurm_cluster, tmp_path_factory) -> dict:
+    """``scalerun doctor --json`` in each of 2 x 2 tasks under a real ``srun
+    --gpus-per-task=1`` (SLURM hands every task its own fake GPU and says so in
+    SLURMD_TRES_BIND), with a site file that says SLURM's GPU binding is safe there."""
+    site = tmp_path_factory.mktemp("gpusite") / "gpusite.toml"
+    site.write_text('extends = "local"\n[slurm]\ngpu_binding_safe = true\n')
     done = subprocess.run(
         ["srun", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-task=1", "--kill-on-bad-exit=1",
          sys.executable, "-m", "scalerun", "doctor", "--site", str(site), "--no-bandwidth", "--json"],
         cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("safe", "level", "words"), [
+    ("false", "WARN", "breaks communication with RCCL and GPU-aware MPI"),  # course text 003:26
+    ("true", "PASS", "the site says its GPU binding is safe"),
+])
+def test_srun_gpus_per_task_is_warned_where_the_site_says_it_is_unsafe(gpus_per_task_report, safe, level,
+                                                                       words) -> None:
+    """The real run's site says safe: its PASS is the doctor's own verdict, read from the
+    site file in every task. Where a site does not say so (the default), the same ranks'
+    facts, as the run reported them, are judged again with the key false: a WARN naming
+    the split nodes (one SLURM job for both; issue 28)."""
+    from dataclasses import asdict, replace
+
+    from scalerun.doctor.checks import check_slurm_gpu_binding
+    from scalerun.doctor.facts import facts_from_dict
+
+    report = gpus_per_task_report
     assert [(r["rank"], r["slurm_gpus"]) for r in report["ranks"]] == [(0, [0]), (1, [1]), (2, [0]), (3, [1])]
     assert {tuple(r["slurm_gpu_binding"]) for r in report["ranks"]} == {("SLURMD_TRES_BIND=gpu:per_task:1",)}
+    assert {r["gpu_binding_safe"] for r in report["ranks"]} == {True}  # the site file, in every task
     found = [v for v in report["verdicts"] if v["check"] == "gpu-binding"]
+    if safe == "false":
+        facts = [replace(facts_from_dict(r), gpu_binding_safe=False) for r in report["ranks"]]
+        found = [json.loads(json.dumps(asdict(v))) for v in check_slurm_gpu_binding(facts)]  # as --json writes
     assert [v["level"] for v in found] == [level] and words in found[0]["message"]
     if level == "WARN":
         assert found[0]["ranks"] == [0, 1, 2, 3] and found[0]["nodes"] == ["nid000001", "nid000002"]
