@@ -1,5 +1,5 @@
 """Load: 16 ranks on this 2-core machine and 2 nodes x 8 ranks on the SLURM test cluster run
-the doctor (``scalerun doctor`` locally, the job's own check on SLURM) and 20 steps of the
+the doctor (``scalerun doctor`` locally, the job's own check on SLURM) and 5 steps of the
 tiny example to the end, and their output stays
 line-whole (no rank's line cut into another's).
 
@@ -27,7 +27,7 @@ from scalerun.runtime.lines import _line_buffer
 REPO = Path(__file__).resolve().parents[1]
 SCALERUN = [sys.executable, "-m", "scalerun"]
 RANKS = 16
-STEPS = 20
+STEPS = 5  # enough for every rank to step, reduce and print; each step more costs 16 ranks
 PREFIX = re.compile(r"\[rank(\d+)\]: ")
 REPORT = re.compile(r"\[scalerun\] host=\S+ rank=(\d+)/16 local_rank=\d+/(\d+) node=\d+ .*")
 
@@ -42,7 +42,7 @@ def run(*args: str, timeout: int = 600, env: dict[str, str] | None = None) -> su
 
 @pytest.fixture(scope="module")
 def vit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Enough images for 20 steps of 16 ranks x 8 in one epoch (80 % of them train)."""
+    """Enough images for STEPS steps of 16 ranks x 8 in one epoch (80 % of them train)."""
     path = tmp_path_factory.mktemp("vit") / "data.h5"
     samples = RANKS * 8 * STEPS * 5 // 4
     subprocess.run([sys.executable, "examples/vit/make_data.py", "--out", str(path), "--samples",
@@ -82,7 +82,7 @@ def test_16_local_ranks_pass_the_doctor():
     assert f"exact sums on all {RANKS} rank(s)" in done.stdout
 
 
-def test_16_local_ranks_train_20_steps_with_whole_lines(vit_data, tmp_path):
+def test_16_local_ranks_train_5_steps_with_whole_lines(vit_data, tmp_path):
     done = run("launch", "-v", "--nproc-per-node", str(RANKS), "--no-monitor", "--run-dir",
                str(tmp_path), *vit_args(vit_data, tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -157,7 +157,7 @@ SLURM_2X8 = ["--nodes", "2", "--nproc-per-node", "8", "--mode", "torchrun", "--c
 
 
 @pytest.mark.slurm
-def test_2x8_ranks_pass_the_doctor_and_train_20_steps_on_slurm_with_whole_lines(
+def test_2x8_ranks_pass_the_doctor_and_train_5_steps_on_slurm_with_whole_lines(
     slurm_cluster, vit_data, tmp_path
 ):
     """One job: its first step is the doctor's check on all 16 ranks (``scalerun doctor
