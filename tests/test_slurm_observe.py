@@ -1,6 +1,7 @@
-"""Observing and scaling on the real SLURM test cluster: a two-node job leaves one monitor
-file per node and a report naming both nodes; a one-and-two-node scaling study runs each
-size as its own job and reports both."""
+"""Observing and scaling on the real SLURM test cluster: one two-node job (a straggler on its
+second node) leaves one monitor file per node, a report naming both nodes, and the
+straggler named once; a one-and-two-node scaling study runs each size as its own job and
+reports both."""
 
 from __future__ import annotations
 
@@ -47,19 +48,34 @@ def train_script(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(slurm_cluster, tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def straggling_run(slurm_cluster, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One two-node job read by two tests (issue 28: one launch per module where tests read
+    the same run): 2 nodes x 2 ranks train 300 steps of a small model, the monitor sampling
+    every 0.5 s, and rank 3 (on the second node) waits 30 ms longer for each batch from its
+    20th on."""
+    from tests.launch.test_stragglers import TRAIN as SLOWED
+
+    folder = tmp_path_factory.mktemp("straggling")
+    script = folder / "slowed.py"
+    script.write_text(textwrap.dedent(SLOWED))
+    run = folder / "run"
     done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait", "--no-check",
-                    "--run-dir", str(run), "--monitor-interval", "0.5", "--env", "SCALERUN_MAX_STEPS=40",
-                    str(train_script(tmp_path)))
+                    "--run-dir", str(run), "--monitor-interval", "0.5", str(script),
+                    "300", "3", "20", "100000", "0.03")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    return done, run
+
+
+def test_a_two_node_job_leaves_a_monitor_file_per_node_and_a_report_naming_both(slurm_cluster, straggling_run):
+    _, run = straggling_run
     assert sorted(monitor_files(run)) == NODES
     for node, path in monitor_files(run).items():
         records = read_jsonl(path)
         assert records[0]["node"] == node and any(r["kind"] == "sample" for r in records)
     assert sorted(step_logs(run)) == [0, 1, 2, 3]
     assert {read_jsonl(p)[0]["node"] for p in step_logs(run).values()} == set(NODES)
-    assert all(read_jsonl(p)[-2]["step"] == 40 and read_jsonl(p)[-1]["kind"] == "end"
+    assert all(read_jsonl(p)[-2]["step"] == 300 and read_jsonl(p)[-1]["kind"] == "end"
                for p in step_logs(run).values())  # the last step, then the rank's end line
     report = scalerun(slurm_cluster, "report", str(run))
     assert report.returncode == 0, report.stderr
@@ -84,20 +100,13 @@ def test_a_one_and_two_node_study_runs_each_size_as_a_job(slurm_cluster, tmp_pat
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_straggler_on_the_second_node_is_named_once_by_the_first_nodes_sampler(slurm_cluster, tmp_path):
+def test_a_straggler_on_the_second_node_is_named_once_by_the_first_nodes_sampler(straggling_run):
     """Rank 3 (on the second node) waits 30 ms longer for each batch from its 20th on: the
     first node's sampler, which reads every rank's step log in the shared run directory,
     names it once, with its node; the second node's sampler watches nothing."""
     from scalerun.events import read_events
-    from tests.launch.test_stragglers import TRAIN as SLOWED
 
-    script = tmp_path / "slowed.py"
-    script.write_text(textwrap.dedent(SLOWED))
-    run = tmp_path / "run"
-    done = scalerun(slurm_cluster, "launch", "--nodes", "2", "--gpus-per-node", "2", "--wait", "--no-check",
-                    "--run-dir", str(run), "--monitor-interval", "0.5", str(script),
-                    "300", "3", "20", "100000", "0.03")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    _, run = straggling_run
     events = read_events(run)
     assert [(e.kind, e.rank, e.node) for e in events] == [("straggler", 3, NODES[1])]
     assert "likely cause: data wait" in events[0].message
