@@ -158,6 +158,7 @@ def test_srun_mode_trains_the_example_on_2_nodes(slurm_cluster, vit_data, tmp_pa
     assert {rank: r[:5] for rank, r in reports.items()} == EXPECTED_2X2
     assert {r[5] for r in reports.values()} == {"slurm"}
     assert {r[6] for r in reports.values()} == {VISIBLE}
+    assert "all 4 rank(s) met at the barrier" in log  # the job's check, its first step (the default)
     assert "epoch 1: train loss" in log and (tmp_path / "model.pt").is_file()
     assert_job_caches_removed(tmp_path, log)
 
@@ -219,6 +220,9 @@ def test_inside_an_salloc_allocation_the_step_is_started_directly(
             "2",
             "--gpus-per-node",
             "2",
+            # the step runs the script sbatch would (the check's srun step included, tested in
+            # test_srun_mode_trains_the_example_on_2_nodes): 4 ranks fewer to start
+            "--no-check",
             "--run-dir",
             str(tmp_path),
             *train_args(vit_data, tmp_path),
