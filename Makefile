@@ -43,14 +43,13 @@ extras: $(VENV)/.extras
 demo: $(VENV)/.demo
 	$(VENV)/bin/scalerun launch --nproc-per-node 2 examples/vit/train.py $(DEMO_ARGS)
 
-# The tests run in parallel (pytest-xdist), two workers more than the CPUs (TEST_WORKERS=0
-# runs them one after the other in this process): the two SLURM groups each run on one
-# worker to their end and mostly wait for their jobs (whose ranks use the CPUs), so with
-# one worker per CPU a fifth of two cores stayed idle, and with one more the third worker
-# ran everything else alone while both groups ran (docs/results.md, "The test suite's
-# time"). A group of tests that share the SLURM test cluster or a module's fixture runs on
-# one worker (tests/conftest.py).
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 2)")
+# The tests run in parallel (pytest-xdist), one worker more than the CPUs (TEST_WORKERS=0
+# runs them one after the other in this process): the worker of the SLURM group waits for
+# its jobs, and a group runs on one worker to its end, so with one worker per CPU a fifth
+# of two cores stayed idle (docs/results.md, "The test suite's time"). A group of tests
+# that share the SLURM test cluster or a module's fixture runs on one worker
+# (tests/conftest.py); the SLURM group is the longest.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1)")
 
 test: $(VENV)/.installed $(VENV)/.extras
 	$(PY) -m ruff check src tests examples benchmarks scripts
