@@ -181,10 +181,13 @@ def test_a_failing_rank_is_named_in_one_line_and_the_others_stopped(
 
 @pytest.mark.usefixtures("open_mpi")
 def test_sigterm_to_the_launch_reaches_every_rank(tmp_path: Path) -> None:
-    """scalerun ranks save to --checkpoint on SIGTERM: mpirun must pass it on to them."""
+    """scalerun ranks save to --checkpoint on SIGTERM: mpirun must pass it on to them, and
+    give them time to save (Open MPI's own default killed them 1 s after the SIGTERM: a
+    loaded machine's rank lost its save; here each rank takes 3 s to save)."""
     script = write(tmp_path, "wait.py", f"""
         import os, signal, sys, time
         def stop(number, frame):
+            time.sleep(3)  # a checkpoint's save
             open(os.path.join({str(tmp_path)!r}, "stopped-" + os.environ["RANK"]), "w").close()
             sys.exit(0)
         signal.signal(signal.SIGTERM, stop)
@@ -215,6 +218,7 @@ def test_dry_run_shows_the_rankfile_variables_and_mpirun_command(tmp_path: Path)
     assert command.startswith("mpirun -np 2 ")
     assert f"--rankfile '{run / RANKFILE}'" in command
     assert "--mca rmaps_rank_file_physical 1" in command and "--use-hwthread-cpus" in command
+    assert "--mca odls_base_sigkill_timeout 10" in command
     assert "-x SCALERUN_HANG_TIMEOUT" in command and "-x MASTER_PORT" in command
     assert command.endswith(f"-m scalerun exec -- {sys.executable} -u {tmp_path}/train.py --lr 'a b'")
     assert "export SCALERUN_HANG_TIMEOUT=30" in lines

@@ -150,6 +150,14 @@ def rankfile_text(binding: NodeBinding) -> str:
                    for rank, cpus in enumerate(binding.cpus))
 
 
+STOP_GRACE_S = 10
+"""Seconds mpirun waits after SIGTERM before it kills a rank (Open MPI's
+``odls_base_sigkill_timeout``, 1 s by default): time for scalerun's ranks to save. Not
+SLURM's 30 s (``KillWait``): Open MPI 4.1 waits it out even when every rank is gone,
+twice (measured: a stop took 58 s at 30, about 20 s at 10), so every stop, a failed
+rank's included, ends that much later."""
+
+
 def passed_names(job: MpirunJob) -> list[str]:
     """The variables mpirun hands each rank (``-x``), each once, in the plan's order."""
     names = dict.fromkeys(variable.name for variable in job.env)
@@ -164,6 +172,9 @@ def mpirun_argv(job: MpirunJob, rankfile: Word) -> list[Word]:
     # scalerun's plan, not Open MPI's count of slots (cores), decides how many ranks run
     # here, as torchrun does; the rankfile still binds each rank to its own CPUs.
     argv += ["--oversubscribe", "--tag-output"]
+    # a rank stopped with SIGTERM saves its checkpoint first; Open MPI sends SIGKILL 1 s
+    # after SIGTERM by default, which cut a rank's save short on a loaded node
+    argv += ["--mca", "odls_base_sigkill_timeout", str(STOP_GRACE_S)]
     if job.binding.cpus:
         argv += ["--use-hwthread-cpus", "--mca", "rmaps_rank_file_physical", "1",
                  "--rankfile", rankfile]

@@ -5,7 +5,8 @@ elastic: the plan's variables in the ranks' environment, a rendezvous on loopbac
 free port, the run directory with its node sampler and closing summary, ``[rankN]:``
 lines, and a last line naming the rank that failed. SIGINT and SIGTERM sent to scalerun
 go on to mpirun, which passes SIGTERM to every rank (scalerun ranks save to
-``--checkpoint`` on it).
+``--checkpoint`` on it) and kills a rank still running 10 s later, not Open MPI's 1 s
+(:data:`~scalerun.launch.mpirun.job.STOP_GRACE_S`).
 """
 
 from __future__ import annotations
