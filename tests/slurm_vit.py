@@ -69,6 +69,12 @@ def wait_until(condition, what: str, timeout_s: float = JOB_TIMEOUT_S) -> None:
         time.sleep(1)
 
 
+def trained_an_epoch(cluster, run_dir: Path, job_id: str) -> bool:
+    """The warning's moment: the first epoch line is in the job log (or the job ended)."""
+    log = run_dir / f"slurm-{job_id}.out"
+    return (log.is_file() and "epoch 1: train loss" in log.read_text(errors="replace")) or finished(cluster, job_id)
+
+
 def log_of(run_dir: Path, job_id: str) -> str:
     return (run_dir / f"slurm-{job_id}.out").read_text(errors="replace")
 

@@ -31,16 +31,11 @@ from tests.slurm_vit import (
     job_fields,
     log_of,
     submit_vit,
+    trained_an_epoch,
     wait_until,
 )
 
 pytestmark = pytest.mark.slurm
-
-
-def trained_an_epoch(cluster, run_dir: Path, job_id: str) -> bool:
-    """The warning's moment: the first epoch line is in the job log (or the job ended)."""
-    log = run_dir / f"slurm-{job_id}.out"
-    return (log.is_file() and "epoch 1: train loss" in log.read_text(errors="replace")) or finished(cluster, job_id)
 
 
 def steps_logged(run_dir: Path) -> list[int]:

@@ -38,7 +38,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_vit import EPOCHS, STEPS, finished, job_fields, log_of, submit_vit, wait_until
+from tests.slurm_vit import (
+    EPOCHS,
+    STEPS,
+    finished,
+    job_fields,
+    log_of,
+    submit_vit,
+    trained_an_epoch,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]  # two jobs, on a shared queue
 
@@ -86,11 +95,7 @@ def test_a_requeued_job_comes_back_on_one_node_and_continues_exactly(
     script = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --nodes=1-2\n" in script and '--nodes="${SLURM_JOB_NUM_NODES}"' in script
 
-    def trained_an_epoch() -> bool:
-        log = run_dir / f"slurm-{job_id}.out"
-        return log.is_file() and "epoch 1: train loss" in log.read_text(errors="replace")
-
-    wait_until(lambda: trained_an_epoch() or finished(slurm_cluster, job_id), "an epoch")
+    wait_until(lambda: trained_an_epoch(slurm_cluster, run_dir, job_id), "an epoch")
     assert job_fields(slurm_cluster, job_id)["NumNodes"] == "2", "the job must start on both nodes"
     drained = slurm_cluster.nodes[-1]
     scontrol(slurm_cluster, "update", f"nodename={drained}", "state=drain", "reason=scalerun-test")

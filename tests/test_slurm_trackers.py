@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from tests.slurm_vit import finished, wait_until
 from tests.test_slurm_observe import train_script
-from tests.test_slurm_preempt import finished, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(
     importlib.util.find_spec("mlflow") is None,
