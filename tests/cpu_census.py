@@ -7,7 +7,7 @@ cgroup v1's ``cpuacct``): each pytest-xdist worker moves itself into a cgroup of
 so every process a test starts, and their children, count for that worker; each test
 cluster's daemons are moved into one more, so the jobs a SLURM test submits count for that
 cluster (its tests run one after the other, on one worker). ``FILE`` gets one JSON line per
-test: its id, wall seconds, CPU seconds of its worker's processes, and of its cluster's.
+test: its id, its worker, when it started (epoch seconds), wall seconds, CPU seconds of its worker's processes, and of its cluster's.
 
 Processes a test leaves running are counted for the tests after it; that is rare, and a
 test that does it is a finding in itself. Without the variable this plugin does nothing.
@@ -72,8 +72,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if cluster is not None:
         _move_cluster_daemons()  # a cluster started by this test's fixture: from now on
     began, own, theirs = time.monotonic(), _usage_s(worker), _usage_s(cluster) if cluster else 0.0
+    started = time.time()
     yield
-    record = {"test": item.nodeid, "wall_s": round(time.monotonic() - began, 2),
+    record = {"test": item.nodeid, "worker": worker.name, "start": round(started, 2),
+              "wall_s": round(time.monotonic() - began, 2),
               "cpu_s": round(_usage_s(worker) - own, 2),
               "cluster_cpu_s": round((_usage_s(cluster) - theirs) if cluster else 0.0, 2)}
     with open(out, "a") as handle:
