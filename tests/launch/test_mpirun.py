@@ -24,7 +24,7 @@ from scalerun.commands import launch_flags
 from scalerun.launch import backend as registry
 from scalerun.launch.backend import backend_for, backend_named
 from scalerun.launch.mpirun.binding import node_binding
-from scalerun.launch.mpirun.job import RANKFILE, rankfile_text
+from scalerun.launch.mpirun.job import GRACE_VARIABLE, RANKFILE, rankfile_text
 from scalerun.launch.mpirun.output import MpirunMessages, RankLines, failure_line
 from scalerun.rundir import read_jsonl, step_logs
 from scalerun.this_rank import plan_this_node
@@ -372,3 +372,24 @@ def test_mpirun_reports_become_one_line(
     if expected and "failed" in expected:
         expected += "; the other ranks were stopped"
     assert failure_line(messages, code, "vm") == expected
+
+
+def test_the_users_own_open_mpi_grace_is_kept_and_a_bad_one_named(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A save that needs longer than 10 s: the user's ``OMPI_MCA_odls_base_sigkill_timeout``
+    reaches mpirun (scalerun's ``--mca`` flag would override it, so it is left out); a value
+    Open MPI cannot read is one line naming the variable, before anything starts."""
+    from scalerun.cli import main
+
+    script = str(write(tmp_path, "train.py", TRAIN))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv(GRACE_VARIABLE, "60")
+    assert main(["launch", "--mode", "mpirun", "--nproc-per-node", "2", "--dry-run", script]) == 0
+    command = capsys.readouterr().out.splitlines()[-1]
+    assert command.startswith("mpirun -np 2 ") and "odls_base_sigkill_timeout" not in command
+
+    monkeypatch.setenv(GRACE_VARIABLE, "a minute")
+    assert main(["launch", "--mode", "mpirun", "--nproc-per-node", "2", "--dry-run", script]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (f"{GRACE_VARIABLE}='a minute': Open MPI wants the seconds a rank gets between SIGTERM "
+            f"and SIGKILL as a whole number, e.g. {GRACE_VARIABLE}=60; unset it for scalerun's 10 s") in err

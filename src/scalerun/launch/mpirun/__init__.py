@@ -42,13 +42,15 @@ class MpirunBackend:
         return request.mode == MODE
 
     def make_job(self, plan: LaunchPlan) -> MpirunJob:
-        """Reads this node's binding plan and whether the launch runs as root; the job
+        """Reads this node's binding plan, whether the launch runs as root and the user's
+        own stop grace for Open MPI, if any; the job
         itself is pure (:func:`.job.make_job`)."""
         from scalerun.launch.mpirun.binding import node_binding
-        from scalerun.launch.mpirun.job import make_job, refuse_unsupported
+        from scalerun.launch.mpirun.job import GRACE_VARIABLE, make_job, refuse_unsupported
 
         refuse_unsupported(plan)  # before reading the node: a refusal needs no plan of it
-        return make_job(plan, node_binding(plan, os.environ), as_root=os.geteuid() == 0)
+        return make_job(plan, node_binding(plan, os.environ), as_root=os.geteuid() == 0,
+                        user_grace=os.environ.get(GRACE_VARIABLE))
 
     def show(self, job: MpirunJob) -> str:
         from scalerun.launch.mpirun.job import show

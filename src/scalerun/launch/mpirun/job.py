@@ -61,6 +61,10 @@ class MpirunJob:
     (never a fixed one: two launches on one machine must not meet)."""
     as_root: bool
     """mpirun refuses to run as root without ``--allow-run-as-root``."""
+    user_grace_s: int | None = None
+    """The launch environment's own :data:`GRACE_VARIABLE`: mpirun reads it, and scalerun
+    then passes no ``--mca`` flag of its own, which would override it; None: scalerun's
+    :data:`STOP_GRACE_S`."""
 
     @property
     def request(self) -> LaunchRequest:
@@ -84,8 +88,10 @@ class MpirunJob:
         return frozenset(self.request.local.ranks_filter) or None
 
 
-def make_job(plan: LaunchPlan, binding: NodeBinding, *, as_root: bool) -> MpirunJob:
-    """Refuse what mpirun cannot do (one line naming the flag), then build the job."""
+def make_job(plan: LaunchPlan, binding: NodeBinding, *, as_root: bool,
+             user_grace: str | None = None) -> MpirunJob:
+    """Refuse what mpirun cannot do (one line naming the flag), then build the job.
+    ``user_grace``: the launch environment's :data:`GRACE_VARIABLE`, if set."""
     refuse_unsupported(plan)
     request, options = plan.request, plan.request.local
     bad = [r for r in options.ranks_filter if not 0 <= r < plan.procs_per_node]
@@ -98,7 +104,16 @@ def make_job(plan: LaunchPlan, binding: NodeBinding, *, as_root: bool) -> Mpirun
         plan=plan, binding=binding,
         rankfile=observe.run_dir / RANKFILE if observe is not None else None,
         master_addr=options.master_addr or LOOPBACK, master_port=options.master_port,
-        as_root=as_root)
+        as_root=as_root, user_grace_s=None if user_grace is None else grace_seconds(user_grace))
+
+
+def grace_seconds(text: str) -> int:
+    """The user's :data:`GRACE_VARIABLE` as whole seconds, or one line saying what is wrong."""
+    if not text.strip().isdigit():
+        raise LaunchError(f"{GRACE_VARIABLE}={text!r}: Open MPI wants the seconds a rank gets "
+                          f"between SIGTERM and SIGKILL as a whole number, e.g. {GRACE_VARIABLE}=60; "
+                          f"unset it for scalerun's {STOP_GRACE_S} s")
+    return int(text)
 
 
 def refuse_unsupported(plan: LaunchPlan) -> None:
@@ -155,7 +170,10 @@ STOP_GRACE_S = 10
 ``odls_base_sigkill_timeout``, 1 s by default): time for scalerun's ranks to save. Not
 SLURM's 30 s (``KillWait``): Open MPI 4.1 waits it out even when every rank is gone,
 twice (measured: a stop took 58 s at 30, about 20 s at 10), so every stop, a failed
-rank's included, ends that much later."""
+rank's included, ends that much later. A launch whose environment sets
+:data:`GRACE_VARIABLE` keeps its own value (a save that takes longer)."""
+GRACE_VARIABLE = "OMPI_MCA_odls_base_sigkill_timeout"
+"""Open MPI's own way to set that grace; a ``--mca`` flag would override it."""
 
 
 def passed_names(job: MpirunJob) -> list[str]:
@@ -174,7 +192,8 @@ def mpirun_argv(job: MpirunJob, rankfile: Word) -> list[Word]:
     argv += ["--oversubscribe", "--tag-output"]
     # a rank stopped with SIGTERM saves its checkpoint first; Open MPI sends SIGKILL 1 s
     # after SIGTERM by default, which cut a rank's save short on a loaded node
-    argv += ["--mca", "odls_base_sigkill_timeout", str(STOP_GRACE_S)]
+    if job.user_grace_s is None:  # the user's OMPI_MCA_ variable reaches mpirun unless a flag overrides it
+        argv += ["--mca", "odls_base_sigkill_timeout", str(STOP_GRACE_S)]
     if job.binding.cpus:
         argv += ["--use-hwthread-cpus", "--mca", "rmaps_rank_file_physical", "1",
                  "--rankfile", rankfile]
