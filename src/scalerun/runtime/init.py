@@ -129,10 +129,6 @@ def init(
     return ctx
 
 
-#: Launchers whose ranks are children of a Python agent that may be killed outright.
-AGENT_LAUNCHERS = frozenset({"torchrun", "deepspeed"})
-
-
 def _die_with_the_agent(where: placement_mod.Placement) -> None:
     """Ask the kernel to end this rank when its agent (torch elastic) dies.
 
@@ -141,7 +137,7 @@ def _die_with_the_agent(where: placement_mod.Placement) -> None:
     ports. Linux's parent-death signal ends them with SIGTERM (:mod:`scalerun.parent_death`);
     elsewhere nothing happens.
     """
-    if where.launcher not in AGENT_LAUNCHERS:
+    if where.launcher not in placement_mod.AGENT_LAUNCHERS:
         return
     import signal
 

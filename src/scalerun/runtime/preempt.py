@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalerun import variables
+from scalerun.placement import AGENT_LAUNCHERS
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -61,8 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover
 EXIT_CHECKPOINTED = 75
 """Exit status of a rank that stopped on a signal after a complete checkpoint
 (sysexits' EX_TEMPFAIL: the job is not finished; start it again to continue)."""
-AGENT_LAUNCHERS = frozenset({"torchrun", "deepspeed"})
-"""Launchers whose agent takes any non-zero exit of a rank for a failure (and restarts)."""
 
 
 @dataclass
