@@ -453,3 +453,32 @@ def test_a_launcher_gone_in_the_middle_of_a_request_ends_the_starter_quietly() -
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         theirs.close()
+
+
+def test_an_ended_rank_stays_a_zombie_until_its_code_is_read(tmp_path: Path) -> None:
+    """As with ``Popen``: a rank whose end was reported but not yet read by ``poll()`` or
+    ``wait()`` keeps its pid and process group, so a stop decided on an earlier ``poll() is
+    None`` still finds it. torch elastic's agent does that (``poll()``, then
+    ``os.killpg(pid)``); the starter used to reap at once, and the agent died of
+    ProcessLookupError instead of naming the failed rank (seen in a fresh clone's suite)."""
+    script = tmp_path / "ends.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    program = warm.python_program([sys.executable, str(script)])
+    assert isinstance(program, warm.PythonProgram)
+    starter = warm.Starter(sys.executable, (), os.environ, lean=True)
+    try:
+        proc = starter.popen(program, dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while starter.ends < 1 and time.monotonic() < deadline:
+            starter.next_end(starter.ends, timeout=1.0)
+        assert starter.ends == 1 and proc.returncode == 3  # reported, not yet read by its owner
+        time.sleep(0.5)  # what a reap at once needed to land
+        os.killpg(proc.pid, signal.SIGTERM)  # the agent's stop: its group still exists
+        assert psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+        assert proc.poll() == 3  # read: now the starter may reap it
+        while psutil.pid_exists(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not psutil.pid_exists(proc.pid)
+        assert proc.wait(1) == 3
+    finally:
+        starter.close(kill=True)

@@ -158,7 +158,14 @@ def program_text(program: PythonProgram) -> str | None:
 
 
 class WarmProc:
-    """A forked rank, as much of ``subprocess.Popen`` as the launchers use."""
+    """A forked rank, as much of ``subprocess.Popen`` as the launchers use.
+
+    Like ``Popen``, it lets its process be reaped only once its owner has read the exit
+    code (:meth:`poll` or :meth:`wait` returned it): until then the ended rank stays a
+    zombie, so its pid and process group still exist for a stop decided on an earlier
+    ``poll() is None``. torch elastic's agent does exactly that (``poll()``, then
+    ``os.killpg(pid)``), and a rank reaped in between made ``killpg`` raise
+    ProcessLookupError: the agent died with a traceback instead of its failure report."""
 
     def __init__(self, starter: Starter, pid: int, args: Sequence[str],
                  stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
@@ -166,16 +173,27 @@ class WarmProc:
         self.stdout, self.stderr = stdout, stderr
         self.stdin = None
         self.returncode: int | None = None
+        self._reaped = False
 
     def poll(self) -> int | None:
-        return self.returncode
+        return self._read_code()
 
     def wait(self, timeout: float | None = None) -> int:
         with self.starter.changed:
             if not self.starter.changed.wait_for(lambda: self.returncode is not None, timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-        assert self.returncode is not None
-        return self.returncode
+        code = self._read_code()
+        assert code is not None
+        return code
+
+    def _read_code(self) -> int | None:
+        """The exit code, if reported; the first read lets the starter reap the zombie."""
+        with self.starter.changed:
+            code, reap = self.returncode, self.returncode is not None and not self._reaped
+            self._reaped = self._reaped or reap
+        if reap:
+            self.starter.reap(self.pid)
+        return code
 
     def send_signal(self, number: int) -> None:
         if self.returncode is None:
@@ -355,9 +373,7 @@ class Starter:
             self.procs[ident] = proc
             ended = self._early_ends.pop(ident, None)
             if ended is not None:
-                proc.returncode = ended
-        if ended is not None:
-            self._reap(pid)
+                proc.returncode = ended  # reaped once read (WarmProc)
         return proc
 
     @property
@@ -371,7 +387,7 @@ class Starter:
             self.changed.wait_for(lambda: self._ends != seen, timeout)
             return self._ends
 
-    def _reap(self, pid: int) -> None:
+    def reap(self, pid: int) -> None:
         """Let the starter reap a rank whose code is read (it kept it a zombie till now)."""
         with contextlib.suppress(OSError), self._send_lock:
             wire.send_request(self.control, {"reap": pid}, [])
@@ -415,11 +431,9 @@ class Starter:
                 if proc is None:
                     self._early_ends[ident] = code
                 else:
-                    proc.returncode = code
+                    proc.returncode = code  # reaped once its owner read it (WarmProc)
                 self._ends += 1
             self.changed.notify_all()
-        if kind == "ended" and proc is not None:
-            self._reap(int(message["pid"]))
 
     def _starter_ended(self) -> None:
         """The starter's end: expected (every rank reported), or a death its ranks follow."""
