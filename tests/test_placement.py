@@ -9,15 +9,11 @@ import pytest
 from scalerun.errors import PlacementError
 from scalerun.placement import (
     JOB_PORT_RANGE,
-    JOB_PORT_TRIES,
     detect,
     expand_hosts,
     expand_tasks_per_node,
-    free_job_port,
-    job_master_port,
     launcher_name,
     master_port_for_job,
-    port_is_free,
 )
 
 
@@ -325,42 +321,6 @@ def test_job_ports_are_stable_spread_and_in_range() -> None:
     assert all(low <= port < high for port in ports)
     # a port from the last digits (Lightning's rule) collides for ids 1000 apart
     assert master_port_for_job("1042") != master_port_for_job("2042")
-
-
-def test_a_taken_job_port_moves_to_the_next_free_one_and_all_taken_is_one_line() -> None:
-    """Something on the first node holds the job's port (seen once: EADDRINUSE at rank 0's
-    first step): the job script's port is the next free one; the hash alone when free."""
-    first = master_port_for_job("26922")
-    assert free_job_port("26922", lambda port: True) == first
-    taken = {first, first + 1}
-    assert free_job_port("26922", lambda port: port not in taken) == first + 2
-    low, high = JOB_PORT_RANGE
-    last = next(job for job in range(100000) if master_port_for_job(str(job)) == high - 1)
-    assert free_job_port(str(last), lambda port: port != high - 1) == low  # wraps inside the range
-    with pytest.raises(PlacementError) as error:
-        free_job_port("26922", lambda port: False)
-    assert str(error.value) == (f"ports {first} to {first + JOB_PORT_TRIES - 1} are all taken on this node; "
-                                "set MASTER_PORT to a free port in the job script")
-
-
-def test_the_job_script_port_skips_a_port_this_node_really_holds() -> None:
-    """Real sockets: a listener on the job's port makes ``--master-port`` answer another one
-    that a store can bind; the user's MASTER_PORT is kept as given."""
-    import socket
-
-    job_id = next(str(job) for job in range(1000, 2000) if port_is_free(master_port_for_job(str(job)))
-                  and port_is_free(master_port_for_job(str(job)) + 1))
-    derived = master_port_for_job(job_id)
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", derived))
-        holder.listen()
-        assert not port_is_free(derived)
-        chosen = int(job_master_port({"SLURM_JOB_ID": job_id}))
-        assert chosen != derived and port_is_free(chosen)
-    assert job_master_port({"SLURM_JOB_ID": job_id}) == str(derived)
-    assert job_master_port({"SLURM_JOB_ID": job_id, "MASTER_PORT": "29511"}) == "29511"
-    with pytest.raises(PlacementError, match="SLURM_JOB_ID is not set: --master-port works only inside"):
-        job_master_port({})
 
 
 def test_to_env_exports_what_libraries_read() -> None:

@@ -180,61 +180,11 @@ def master_port_for_job(job_id: str) -> int:
     return low + int.from_bytes(digest[:4], "big") % (high - low)
 
 
-JOB_PORT_TRIES = 64
-"""How many ports after the job's own :func:`free_job_port` tries before it gives up."""
-
-
-def free_job_port(job_id: str, is_free: Callable[[int], bool]) -> int:
-    """The job's port (:func:`master_port_for_job`), or where something on this node holds
-    it, the next free one of :data:`JOB_PORT_RANGE`.
-
-    Why: the hash keeps two jobs apart, not a port some other process of the node holds (a
-    client's outgoing connection where the node's ephemeral range reaches down into ours,
-    another job's store); rank 0 then failed with EADDRINUSE at its first step. The job
-    script asks once, on the first node, where rank 0's store binds, and hands the answer
-    to every step, so all ranks still agree. ``is_free``: whether a port can be bound here.
-    """
-    first = master_port_for_job(job_id)
-    low, high = JOB_PORT_RANGE
-    for step in range(JOB_PORT_TRIES):
-        port = low + (first - low + step) % (high - low)
-        if is_free(port):
-            return port
-    raise PlacementError(
-        f"ports {first} to {low + (first - low + JOB_PORT_TRIES - 1) % (high - low)} are all taken on "
-        f"this node; set MASTER_PORT to a free port in the job script")
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a TCP listener could bind ``port`` on every address of this node now, as
-    torch's store binds it (``SO_REUSEADDR``: a port left in TIME_WAIT counts as free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def job_master_port(environ: Mapping[str, str], is_free: Callable[[int], bool] = port_is_free) -> str:
-    """The port rank 0's store binds for a whole job: ``MASTER_PORT`` where the user set
-    it, else :func:`free_job_port` on this node (the job script's first node)."""
-    job = detect_job(environ)
-    if environ.get("MASTER_PORT"):
-        return environ["MASTER_PORT"]
-    if not job.job_id:
-        raise PlacementError("SLURM_JOB_ID is not set: --master-port works only inside a SLURM job "
-                             "(a batch script or salloc shell)")
-    return str(free_job_port(job.job_id, is_free))
-
-
-def job_rendezvous(environ: Mapping[str, str], is_free: Callable[[int], bool] | None = None) -> str:
+def job_rendezvous(environ: Mapping[str, str]) -> str:
     """``host:port`` of rank 0 for a whole job: the first node and a port fixed by the job id.
 
     Used in a batch script (outside any srun step, where :func:`detect` rightly sees no
     ranks) for torchrun's ``--rdzv-endpoint``; MASTER_ADDR/MASTER_PORT set by the user win.
-    ``is_free``: probe the port on this node (:func:`free_job_port`); None: the hash alone.
     """
     job = detect_job(environ)
     if not job.node_list or not job.job_id:
@@ -243,8 +193,7 @@ def job_rendezvous(environ: Mapping[str, str], is_free: Callable[[int], bool] | 
             "SLURM job (a batch script or salloc shell)"
         )
     host = environ.get("MASTER_ADDR") or expand_hosts(job.node_list)[0]
-    port = environ.get("MASTER_PORT") or str(
-        master_port_for_job(job.job_id) if is_free is None else free_job_port(job.job_id, is_free))
+    port = environ.get("MASTER_PORT") or str(master_port_for_job(job.job_id))
     return f"{host}:{port}"
 
 

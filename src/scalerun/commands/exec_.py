@@ -49,14 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--rendezvous",
         action="store_true",
-        help="print the job's rank-0 host:port (first node, port from the job id, the next "
-        "free one where this node holds it) and exit",
-    )
-    p.add_argument(
-        "--master-port",
-        action="store_true",
-        help="print the job's rank-0 port (MASTER_PORT if set, else one fixed by the job id, "
-        "the next free one where this node holds it) and exit; run on the first node",
+        help="print the job's rank-0 host:port (first node, port from the job id) and exit",
     )
     p.add_argument(
         "--srun-cpu-bind",
@@ -168,14 +161,9 @@ def run(args: argparse.Namespace) -> int:
         print(value)
         return 0
     if args.rendezvous:
-        from scalerun.placement import job_rendezvous, port_is_free
+        from scalerun.placement import job_rendezvous
 
-        print(job_rendezvous(os.environ, port_is_free))
-        return 0
-    if args.master_port:
-        from scalerun.placement import job_master_port
-
-        print(job_master_port(os.environ))
+        print(job_rendezvous(os.environ))
         return 0
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:

@@ -322,18 +322,8 @@ def _launch(job: SlurmJob) -> str:
     lines = _run_dir_lock(job) + _cache_cleanup_trap(job)
     if job.mode == "torchrun":
         lines += [
-            "# --- rendezvous: torchrun's c10d store on the first node, port fixed by the job id",
-            "# (the next free one where something on this node holds it) ---",
+            "# --- rendezvous: torchrun's c10d store on the first node, port fixed by the job id ---",
             f"RDZV_ENDPOINT=$({shell_quote(job.host_python)} -m scalerun exec --rendezvous)",
-            "",
-        ]
-    if job.mode == "srun":
-        lines += [
-            "# --- rendezvous: rank 0's store on this first node, port fixed by the job id (the next",
-            "# free one where something on this node holds it); every step's ranks read it ---",
-            # two lines: `export X=$(...)` would hide a failure from set -e
-            f"MASTER_PORT=$({shell_quote(job.host_python)} -m scalerun exec --master-port)",
-            "export MASTER_PORT",
             "",
         ]
     if job.mode == "srun" and not job.cpu_bind:
