@@ -7,7 +7,8 @@ cgroup v1's ``cpuacct``): each pytest-xdist worker moves itself into a cgroup of
 so every process a test starts, and their children, count for that worker; each test
 cluster's daemons are moved into one more, so the jobs a SLURM test submits count for that
 cluster (its tests run one after the other, on one worker). ``FILE`` gets one JSON line per
-test: its id, its worker, when it started (epoch seconds), wall seconds, CPU seconds of its worker's processes, and of its cluster's.
+test: its id, its worker, when it started (epoch seconds), wall seconds, CPU seconds of its
+worker's processes, and of its cluster's.
 
 Processes a test leaves running are counted for the tests after it; that is rare, and a
 test that does it is a finding in itself. Without the variable this plugin does nothing.

@@ -86,13 +86,13 @@ class Placement:
         return env
 
 
-#: Identity variables: a differing value already in the environment is a stale export
-#: (every task of an srun step would get the same rank), never a choice to respect.
 AGENT_LAUNCHERS = frozenset({"torchrun", "deepspeed"})
 """Launchers whose ranks are children of a Python agent: one that may be killed outright
 (its ranks then end with it, :mod:`scalerun.runtime.init`), and that takes any non-zero
 exit of a rank for a failure to restart (:mod:`scalerun.runtime.preempt`)."""
 
+#: Identity variables: a differing value already in the environment is a stale export
+#: (every task of an srun step would get the same rank), never a choice to respect.
 STRICT_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK"})
 
 

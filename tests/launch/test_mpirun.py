@@ -393,3 +393,8 @@ def test_the_users_own_open_mpi_grace_is_kept_and_a_bad_one_named(tmp_path: Path
     assert err.count("\n") == 1 and "Traceback" not in err
     assert (f"{GRACE_VARIABLE}='a minute': Open MPI wants the seconds a rank gets between SIGTERM "
             f"and SIGKILL as a whole number, e.g. {GRACE_VARIABLE}=60; unset it for scalerun's 10 s") in err
+
+    monkeypatch.setenv(GRACE_VARIABLE, "\u00b2")  # a digit to str.isdigit, not to int()
+    assert main(["launch", "--mode", "mpirun", "--nproc-per-node", "2", "--dry-run", script]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("scalerun launch: error: " + GRACE_VARIABLE), err

@@ -109,7 +109,7 @@ def make_job(plan: LaunchPlan, binding: NodeBinding, *, as_root: bool,
 
 def grace_seconds(text: str) -> int:
     """The user's :data:`GRACE_VARIABLE` as whole seconds, or one line saying what is wrong."""
-    if not text.strip().isdigit():
+    if not (text.strip().isascii() and text.strip().isdigit()):  # "²" is a digit int() refuses
         raise LaunchError(f"{GRACE_VARIABLE}={text!r}: Open MPI wants the seconds a rank gets "
                           f"between SIGTERM and SIGKILL as a whole number, e.g. {GRACE_VARIABLE}=60; "
                           f"unset it for scalerun's {STOP_GRACE_S} s")
