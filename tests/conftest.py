@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from scalerun import variables
+from scalerun.launch.local import standby_link
+
 pytest_plugins = ["tests.slurm_fixture", "tests.slurm_vit", "tests.container.standin", "tests.process_guard", "tests.cpu_census"]
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -53,6 +56,17 @@ sys.dont_write_bytecode = False
 RUNS = tempfile.mkdtemp(prefix="scalerun-test-runs-")
 os.environ["SCALERUN_RUNS"] = RUNS
 atexit.register(shutil.rmtree, RUNS, ignore_errors=True)
+
+# Standby starters (src/scalerun/launch/local/standby.py): the suite's local launches fork
+# their warm starter from one that imported torch already, wherever the key (environment,
+# limits, CPU set...) is the same, instead of importing torch once per launch (4-7 s of CPU
+# each here). The session's first process (xdist's controller) opens the folder and owns
+# it: every standby ends when it does. tests/launch/test_standby.py tests the standbys,
+# tests/launch/test_warm_start.py the starter a launch starts itself.
+if variables.STANDBY not in os.environ:
+    _STANDBYS = standby_link.standbys()
+    _STANDBYS.__enter__()
+    atexit.register(_STANDBYS.__exit__, None, None, None)
 
 # torch.compile's inductor starts a pool of compile workers, each importing torch (about
 # 3 s of CPU), where the process may run on more than one CPU: an unbound test process on

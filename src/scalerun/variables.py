@@ -13,6 +13,9 @@ runtime included, which must never import ``launch/`` or ``commands/`` to borrow
 
 from __future__ import annotations
 
+PREFIX = "SCALERUN_"
+"""What the name of every variable of scalerun's begins with."""
+
 # --- where a rank plans from ------------------------------------------------------------
 
 SITE = "SCALERUN_SITE"
@@ -118,6 +121,10 @@ inherits it and starts no watchdog of its own: one rank, one watchdog, one stack
 STARTER_FD = "SCALERUN_STARTER_FD"
 """Set by the launcher for its warm starter, never by a user: the number of the inherited
 Unix socket the starter takes its ranks from (``launch/local/wire.py``)."""
+STANDBY = "SCALERUN_STANDBY"
+"""A folder of standby starters (``launch/local/standby.py``), set by a process that starts
+many launches (``standby_link.standbys``): launches below it fork their warm starter from
+a standby with the same key instead of importing torch again."""
 
 # --- the run directory (paths are built by :mod:`scalerun.rundir`) -----------------------
 

@@ -14,6 +14,7 @@ Linux only (``prctl``); elsewhere, or where it is refused, the launch goes on as
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
@@ -39,15 +40,30 @@ def become_subreaper() -> bool:
         return False
 
 
+SPARED: set[int] = set()
+"""Processes below this one that are not the ranks' to leave: a standby starter
+(:mod:`scalerun.launch.local.standby`), which serves other launches after this one."""
+
+
+def spare(pid: int) -> None:
+    """Leave ``pid`` and every process below it out of :func:`end_leftovers`."""
+    SPARED.add(pid)
+
+
 def end_leftovers(grace_s: float = GRACE_S, settle_s: float = SETTLE_S,
                   say: Callable[[str], None] = say_on_stderr) -> list[int]:
-    """Every process still below this one gets ``settle_s`` to end by itself, then SIGTERM,
-    and SIGKILL after ``grace_s``; they are reaped and those stopped are named in one line.
-    Returns the pids stopped."""
+    """Every process still below this one (but those spared, :func:`spare`) gets
+    ``settle_s`` to end by itself, then SIGTERM, and SIGKILL after ``grace_s``; they are
+    reaped and those stopped are named in one line. Returns the pids stopped."""
     import psutil
 
     try:
         below = psutil.Process().children(recursive=True)
+        kept = set(SPARED)
+        for pid in SPARED:
+            with contextlib.suppress(psutil.Error):
+                kept.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        below = [process for process in below if process.pid not in kept]
     except psutil.Error:
         return []
     _, below = psutil.wait_procs(below, timeout=settle_s)  # reaps the ones that end, zombies too

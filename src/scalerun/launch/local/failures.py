@@ -9,8 +9,34 @@ report failures alike. A failure is anything with ``local_rank``, ``pid``, ``exi
 
 from __future__ import annotations
 
+import os
+import selectors
 import signal
 import socket
+from typing import Any
+
+
+def ended_child(pid: int) -> int | None:
+    """The exit code of child ``pid`` (negative: the signal) if it ended, else None; the
+    child is left unreaped (``WNOWAIT``), so its pid stays its own until reaped. Raises
+    ChildProcessError where it is not a child (any more)."""
+    found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if found is None:
+        return None
+    return -found.si_status if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else found.si_status
+
+
+def woken_by_children(*watched: Any) -> tuple[selectors.BaseSelector, int, int]:
+    """A selector over ``watched`` (sockets, descriptors) that also wakes when a child
+    ends: (the selector, the read end and the write end of its SIGCHLD wake-up pipe, for
+    the caller to drain and, in a forked child, to close)."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda _number, _frame: None)
+    signal.set_wakeup_fd(wake_w)
+    selector = selectors.DefaultSelector()
+    for item in (*watched, wake_r):
+        selector.register(item, selectors.EVENT_READ)
+    return selector, wake_r, wake_w
 
 
 def describe_exit(exitcode: int) -> str:

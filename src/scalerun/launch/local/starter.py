@@ -25,7 +25,6 @@ import contextlib
 import gc
 import importlib
 import os
-import selectors
 import signal
 import socket
 import sys
@@ -34,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scalerun.launch.local import wire
+from scalerun.launch.local.failures import ended_child, woken_by_children
 
 DEFAULT_PRELOAD = (
     "torch",
@@ -63,6 +63,8 @@ ALSO = "--also="
 """The starter's word for a module scalerun asks it to preload (:func:`.warm.shared_modules`)."""
 LEAN = "--lean"
 """The starter's word for :data:`LEAN_PRELOAD` instead of :data:`DEFAULT_PRELOAD`."""
+STANDBY = "--standby="
+"""The starter's word for where to leave a standby copy of itself (:mod:`.standby`)."""
 
 
 def preload(modules: list[str], also: Sequence[str] = (), *, lean: bool = False) -> str | None:
@@ -88,25 +90,25 @@ def gpu_opened() -> str | None:
     return None
 
 
-def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+def serve(control: socket.socket, watch: int | None = None) -> tuple[dict[str, Any], list[int]] | None:
     """Fork a rank per request and report each end, until the launcher has closed its end
     and every rank ended: None in the starter, (request, its descriptors) in a child.
+    ``watch``: a pidfd of a launcher that is not this process's parent (a standby's
+    starter, :mod:`.standby`): its end is this starter's SIGTERM, as the kernel sends it to
+    a starter whose launcher started it.
 
     An ended rank is reported but left a zombie until the launcher has read its code and
     asks for it to be reaped (``{"reap": pid}``): until then its pid and process group
     stay its own, so a stop that reaches it late (torch elastic's ``killpg``) still finds
     it, as with ``Popen``, and its pid cannot be given to another process meanwhile."""
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda _number, _frame: None)
-    signal.set_wakeup_fd(wake_w)
-    selector = selectors.DefaultSelector()
-    selector.register(control, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
+    selector, wake_r, wake_w = woken_by_children(control, *(() if watch is None else (watch,)))
     children: dict[int, int] = {}
     reported: set[int] = set()
     listening = True
     while listening or children:
         for key, _mask in selector.select():
+            if watch is not None and key.fileobj == watch:
+                os.kill(os.getpid(), signal.SIGTERM)  # the launcher is gone
             if key.fileobj is not control:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
@@ -127,7 +129,7 @@ def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
             child = fork_rank(request, fds, control, children)
             if child is not None:
                 selector.close()
-                for fd in (wake_r, wake_w):
+                for fd in (wake_r, wake_w, *(() if watch is None else (watch,))):
                     os.close(fd)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -174,13 +176,12 @@ def report_ends(children: dict[int, int], reported: set[int], control: socket.so
         if pid in reported:
             continue
         try:
-            found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            code = ended_child(pid)
         except ChildProcessError:
             children.pop(pid, None)
             continue
-        if found is None:
+        if code is None:
             continue
-        code = -found.si_status if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else found.si_status
         reported.add(pid)
         tell(control, wire.event("ended", id=rank, pid=pid, code=code))
 
@@ -208,18 +209,26 @@ def main(argv: list[str] | None = None) -> None:
     as the rank's program ends."""
     args = sys.argv[1:] if argv is None else argv
     also = [word.split("=", 1)[1] for word in args if word.startswith(ALSO)]
+    standby = [word.split("=", 1)[1] for word in args if word.startswith(STANDBY)]
     control = socket.socket(fileno=int(os.environ.pop(wire.CONTROL_FD)))
-    modules = [word for word in args if not word.startswith(ALSO) and word != LEAN]
+    modules = [word for word in args if not word.startswith((ALSO, STANDBY)) and word != LEAN]
     failure = preload(modules, also, lean=LEAN in args)
     if failure is not None:
         tell(control, wire.event("failed", reason=failure))
         return
+    if standby:
+        from scalerun.launch.local.standby import leave
+
+        leave(standby[0], control, serve_forked)
     serve_ranks(control)
 
 
-def serve_ranks(control: socket.socket) -> None:
+def serve_ranks(control: socket.socket, *, watch: int | None = None, sweep: bool = False) -> None:
     """Tell the launcher we are ready, then fork its ranks until it is done: the starter
-    ends here; a forked child returns once it has run its rank's program to its end."""
+    ends here; a forked child returns once it has run its rank's program to its end.
+    ``watch``: see :func:`serve`; ``sweep``: this starter is the child subreaper of what
+    its ranks leave (a standby's, :mod:`.standby`), so it stops those itself at the end and
+    sends the launcher the line that names them."""
     sys.stdout.flush()
     sys.stderr.flush()
     # the preloaded objects out of the collector's reach: a collection in a rank would
@@ -227,8 +236,12 @@ def serve_ranks(control: socket.socket) -> None:
     gc.freeze()
     tell(control, wire.event("ready", pid=os.getpid()))
     starter = os.getpid()
-    got = serve(control)
+    got = serve(control, watch)
     if got is None:  # every rank ended and the launcher is done: nothing of ours to clean up
+        if sweep and _has_children():
+            from scalerun.launch.leftovers import end_leftovers
+
+            end_leftovers(say=lambda line: tell(control, wire.event("said", line=line)))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # no teardown of torch's modules: CPU the launcher would wait for
@@ -282,13 +295,24 @@ def _handlers_as_exec() -> None:
             signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
-def serve_forked(control: socket.socket) -> NoReturn:
-    """:func:`serve_ranks` in a starter forked from its launcher (an agent that has imported
-    torch already, :class:`.warm.Starter` with ``here``): its ranks then end as an
-    interpreter ends, never back in the launcher's frames, which are still on this stack."""
+def serve_forked(control: socket.socket, *, watch: int | None = None, sweep: bool = False) -> NoReturn:
+    """:func:`serve_ranks` in a starter forked from a process that imported torch already
+    (torch elastic's agent, :class:`.warm.Starter` with ``here``; a standby,
+    :mod:`.standby`): its ranks then end as an interpreter ends, never back in that
+    process's frames, which are still on this stack."""
     from scalerun.launch.local.forked_rank import end_as_interpreter
 
-    end_as_interpreter(lambda: serve_ranks(control))
+    end_as_interpreter(lambda: serve_ranks(control, watch=watch, sweep=sweep))
+
+
+def _has_children() -> bool:
+    """Whether any process is still this one's child (ranks are all reaped by now: what
+    is left was handed here by the kernel)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

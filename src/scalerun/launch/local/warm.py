@@ -7,6 +7,10 @@ elastic's agent use of a ``Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
 ``send_signal``, its output pipes), so both start warm ranks the way they start exec'd
 ones, and stop them by their sessions as before.
 
+Where the process above the launcher opened a standby folder (:mod:`.standby_link`), the
+starter comes from a standby with the same key instead, forked rather than started: the
+same process, with torch imported already.
+
 When it does not apply, the launch starts each rank with ``exec`` as before, and one line
 says why (:func:`python_program`, :meth:`Starter.wait_ready`): the program is not a Python
 script or module, a command-line profiler goes in front of the ranks, the user asked for
@@ -34,7 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from scalerun.launch.local import wire
+from scalerun.launch.leftovers import spare
+from scalerun.launch.local import standby_link, wire
 from scalerun.launch.local.failures import describe_exit
 from scalerun.parent_death import ending_with_launcher
 
@@ -275,16 +280,21 @@ class Starter:
         self._send_lock = threading.Lock()
         same_python = os.path.realpath(python) == os.path.realpath(sys.executable)
         pid = fork_here(ours, theirs, also) if fork_here is not None and not preload and same_python else None
-        if pid is not None:
-            self.proc: subprocess.Popen[bytes] | ForkedStarter = ForkedStarter(pid)
+        folder = standby_link.folder_for(env, preload=preload, lean=lean, forked_here=pid is not None)
+        key = standby_link.standby_key(python, also, env) if folder is not None else ""
+        detached = self._from_standby(folder, key, theirs, env) if folder is not None else None
+        if pid is not None or detached is not None:
+            self.proc: subprocess.Popen[bytes] | ForkedStarter | standby_link.DetachedStarter = (
+                detached if detached is not None else ForkedStarter(pid))
             theirs.close()
             self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
             self.reader.start()
             return
+        leave = [f"--standby={standby_link.standby_path(folder, key)}"] if folder is not None else []
         try:
             self.proc = subprocess.Popen(
                 [python, "-u", "-m", "scalerun.launch.local.starter", *(["--lean"] if lean else []),
-                 *(f"--also={name}" for name in also), *preload],
+                 *(f"--also={name}" for name in also), *leave, *preload],
                 env={**env, wire.CONTROL_FD: str(theirs.fileno())}, pass_fds=(theirs.fileno(),),
                 start_new_session=True, preexec_fn=ending_with_launcher())
         except OSError as error:
@@ -294,6 +304,16 @@ class Starter:
             theirs.close()
         self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
         self.reader.start()
+
+    @staticmethod
+    def _from_standby(folder: str, key: str, theirs: socket.socket,
+                      env: Mapping[str, str]) -> standby_link.DetachedStarter | None:
+        """This launch's starter from the standby of ``key`` (:mod:`.standby`), or None where
+        none answers."""
+        try:
+            return standby_link.ask(folder, key, theirs, env)
+        except OSError as error:
+            raise Fallback(str(error)) from None
 
     # --- the launcher's calls ------------------------------------------------------------
 
@@ -402,9 +422,12 @@ class Starter:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(LOST_GRACE_S if not kill else 30.0)
+            self.proc.wait(getattr(self.proc, "end_wait_s", LOST_GRACE_S) if not kill else 30.0)
         self.reader.join(LOST_GRACE_S)
         self.control.close()
+        release = getattr(self.proc, "release", None)
+        if release is not None:
+            release()
 
     # --- the reader thread ---------------------------------------------------------------
 
@@ -423,6 +446,10 @@ class Starter:
                 self.ready, self.failure = False, str(message.get("reason"))
             elif kind == "started":
                 self._started[int(message["id"])] = int(message["pid"])
+            elif kind == "standby":  # a copy of the starter that outlives this launch
+                spare(int(message["pid"]))
+            elif kind == "said":  # a standby's starter stopped what the ranks left
+                print(str(message.get("line")), file=sys.stderr, flush=True)
             elif kind == "refused":
                 self._refused[int(message["id"])] = str(message.get("reason"))
             elif kind == "ended":
