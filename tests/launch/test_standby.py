@@ -149,7 +149,7 @@ def test_the_preloads_read_no_variable_a_standby_lets_differ() -> None:
 
 
 PROBE = """
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 total = torch.ones(1) * (dist.get_rank() + 1)
@@ -165,6 +165,7 @@ print("PROBE " + json.dumps({"rank": dist.get_rank(), "sum": total.item(), "x": 
       "pid": os.getpid()}), flush=True)
 dist.destroy_process_group()
 if os.environ.get("SCALERUN_X_HOLD"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopped only by SIGKILL
     time.sleep(300)
 """
 
@@ -260,6 +261,8 @@ def test_what_the_ranks_of_a_served_launch_leave_is_stopped_and_named(served: di
 
 
 def test_a_served_launch_killed_takes_its_ranks_along(served: dict) -> None:
+    """The launcher gets SIGKILL while its ranks (which ignore SIGTERM) run: its starter,
+    watching it, stops them, SIGKILL after the grace."""
     killed = served["killed"]
     (standby,) = served["first"]["holders"]
     assert {rank["starters_parent"] for rank in killed["ranks"].values()} == {standby}
@@ -270,3 +273,31 @@ def test_the_standbys_end_with_their_folder(served: dict) -> None:
     assert len(served["standbys"]) == 2
     assert served["standbys_running_after"] == []
     assert not served["folder_after"]
+
+
+@pytest.mark.parametrize("command", ["scaling", "tune"])
+def test_a_study_and_a_tuning_open_a_folder_for_their_launches(command: str, monkeypatch, tmp_path) -> None:
+    """``scalerun scaling`` and ``scalerun tune`` start many local launches alike: each
+    opens a standby folder of its own for them, owned by it, and closes it at its end;
+    under a folder opened above them (this suite's) they use that one and leave it."""
+    import importlib
+
+    module = importlib.import_module(f"scalerun.commands.{command}")
+    seen: list[tuple[str | None, int | None]] = []
+
+    def fake_run(_args: object) -> int:
+        from scalerun.launch.local.standby import owner_of
+
+        folder = os.environ.get(variables.STANDBY)
+        seen.append((folder, owner_of(folder) if folder else None))
+        return 0
+
+    monkeypatch.setattr(module, "_run", fake_run)
+    monkeypatch.delenv(variables.STANDBY, raising=False)
+    assert module.run(object()) == 0
+    ((folder, owner),) = seen
+    assert folder and owner == os.getpid()
+    assert not os.path.exists(folder) and variables.STANDBY not in os.environ
+    monkeypatch.setenv(variables.STANDBY, str(tmp_path))
+    assert module.run(object()) == 0
+    assert seen[1] == (str(tmp_path), None) and os.path.isdir(tmp_path)

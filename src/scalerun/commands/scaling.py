@@ -74,10 +74,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command, with SIGTERM and SIGHUP stopping the launches it runs (commands.stopping)."""
+    """The command, with SIGTERM and SIGHUP stopping the launches it runs (commands.stopping),
+    and standby starters for its local launches (:mod:`scalerun.launch.local.standby_link`)."""
     from scalerun.commands.stopping import stopping_on_signals
+    from scalerun.launch.local.standby_link import standbys
 
-    with stopping_on_signals():
+    with stopping_on_signals(), standbys():  # each local launch's starter forked, not importing torch again
         return _run(args)
 
 

@@ -191,44 +191,38 @@ class DetachedStarter:
                 self.returncode = int(message["code"])
 
 
-def ask(folder: str, key: str, control: socket.socket, env: Mapping[str, str]) -> DetachedStarter | None:
-    """This launch's starter, forked by the standby of ``key`` and serving ``control``;
-    None where no standby of that key answers (the launcher starts its own, which leaves
-    one). Raises OSError where the standby took the request but its answer was lost:
-    the control socket may be served already, so no other starter may serve it."""
+def ask(folder: str, key: str, env: Mapping[str, str]) -> tuple[DetachedStarter, socket.socket] | None:
+    """This launch's starter, forked by the standby of ``key``, and the launcher's end of
+    its control socket; None where no standby of that key answers in time (the launcher
+    then starts its own, which leaves one). A starter forked for an answer that came too
+    late finds its control socket closed, and ends."""
     path = standby_path(folder, key) + ".sock"
     if not os.path.exists(path):
         return None
+    ours, theirs = socket.socketpair()
     link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     link.settimeout(ASK_TIMEOUT_S)
     try:
         link.connect(path)
-    except OSError:
-        link.close()
-        return None
-    me = os.pidfd_open(os.getpid())
-    try:
-        fds, stdio = [control.fileno(), me], {}
-        for stream in (0, 1, 2):
-            if _is_open(stream):
-                stdio[str(stream)] = len(fds)
-                fds.append(stream)
-        wire.send_request(link, {"key": key, "cwd": os.getcwd(), "env": dict(env), "stdio": stdio}, fds)
-    except OSError:
-        link.close()
-        return None
-    finally:
-        os.close(me)
-    try:
+        me = os.pidfd_open(os.getpid())
+        try:
+            fds, stdio = [theirs.fileno(), me], {}
+            for stream in (0, 1, 2):
+                if _is_open(stream):
+                    stdio[str(stream)] = len(fds)
+                    fds.append(stream)
+            wire.send_request(link, {"key": key, "cwd": os.getcwd(), "env": dict(env), "stdio": stdio}, fds)
+        finally:
+            os.close(me)
         reply = json.loads(_line(link))
-    except (OSError, ValueError):
-        link.close()
-        raise OSError("the standby took the launch but did not answer") from None
-    if "pid" not in reply:
-        link.close()
+        pid = int(reply["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        for sock in (link, ours, theirs):
+            sock.close()
         return None
+    theirs.close()
     link.settimeout(None)
-    return DetachedStarter(link, int(reply["pid"]))
+    return DetachedStarter(link, pid), ours
 
 
 def _is_open(fd: int) -> bool:
@@ -254,8 +248,13 @@ def standbys(environ: MutableMapping[str, str] | None = None) -> Iterator[str]:
     """Standby starters for the launches started below this process until the block ends:
     a folder named in ``environ`` (default ``os.environ``) by ``SCALERUN_STANDBY``, owned
     by this process. Every standby ends when this process does; those of the folder are
-    stopped when the block ends."""
+    stopped when the block ends. Where ``environ`` names a folder already (a process above
+    opened one), the block uses that one and leaves it to its owner."""
     env = os.environ if environ is None else environ
+    given = env.get(variables.STANDBY)
+    if given and os.path.isdir(given):
+        yield given
+        return
     folder = tempfile.mkdtemp(prefix="scalerun-standby-")
     with open(os.path.join(folder, "owner"), "w") as handle:
         handle.write(str(os.getpid()))

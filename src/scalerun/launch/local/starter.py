@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -94,8 +95,10 @@ def serve(control: socket.socket, watch: int | None = None) -> tuple[dict[str, A
     """Fork a rank per request and report each end, until the launcher has closed its end
     and every rank ended: None in the starter, (request, its descriptors) in a child.
     ``watch``: a pidfd of a launcher that is not this process's parent (a standby's
-    starter, :mod:`.standby`): its end is this starter's SIGTERM, as the kernel sends it to
-    a starter whose launcher started it.
+    starter, :mod:`.standby`): at its end the ranks get SIGTERM, SIGKILL
+    :data:`ORPHAN_GRACE_S` later (nobody is left to stop them: the launcher's own stop
+    reaches only its descendants), and this starter ends by SIGTERM, as the kernel ends a
+    starter whose launcher started it.
 
     An ended rank is reported but left a zombie until the launcher has read its code and
     asks for it to be reaped (``{"reap": pid}``): until then its pid and process group
@@ -108,7 +111,7 @@ def serve(control: socket.socket, watch: int | None = None) -> tuple[dict[str, A
     while listening or children:
         for key, _mask in selector.select():
             if watch is not None and key.fileobj == watch:
-                os.kill(os.getpid(), signal.SIGTERM)  # the launcher is gone
+                _orphaned(children)  # the launcher is gone
             if key.fileobj is not control:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
@@ -139,6 +142,32 @@ def serve(control: socket.socket, watch: int | None = None) -> tuple[dict[str, A
             for pid in list(reported):
                 _reap(pid, children, reported)
     return None
+
+
+ORPHAN_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL to the ranks of a standby's starter whose launcher died."""
+
+
+def _orphaned(children: dict[int, int]) -> NoReturn:
+    """The launcher died: every rank's session stopped (SIGTERM, then SIGKILL), then this
+    starter ends by SIGTERM."""
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, number)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while time.monotonic() < deadline and any(_running(pid) for pid in children):
+            time.sleep(0.05)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return ended_child(pid) is None
+    except ChildProcessError:
+        return False
 
 
 def fork_rank(request: dict[str, Any], fds: list[int], control: socket.socket,

@@ -282,10 +282,13 @@ class Starter:
         pid = fork_here(ours, theirs, also) if fork_here is not None and not preload and same_python else None
         folder = standby_link.folder_for(env, preload=preload, lean=lean, forked_here=pid is not None)
         key = standby_link.standby_key(python, also, env) if folder is not None else ""
-        detached = self._from_standby(folder, key, theirs, env) if folder is not None else None
-        if pid is not None or detached is not None:
+        served = standby_link.ask(folder, key, env) if folder is not None else None
+        if served is not None:  # forked by the standby, on a socket of its own
+            ours.close()
+            self.control = ours = served[1]
+        if pid is not None or served is not None:
             self.proc: subprocess.Popen[bytes] | ForkedStarter | standby_link.DetachedStarter = (
-                detached if detached is not None else ForkedStarter(pid))
+                served[0] if served is not None else ForkedStarter(pid))
             theirs.close()
             self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
             self.reader.start()
@@ -304,16 +307,6 @@ class Starter:
             theirs.close()
         self.reader = threading.Thread(target=self._read, name="scalerun-starter", daemon=True)
         self.reader.start()
-
-    @staticmethod
-    def _from_standby(folder: str, key: str, theirs: socket.socket,
-                      env: Mapping[str, str]) -> standby_link.DetachedStarter | None:
-        """This launch's starter from the standby of ``key`` (:mod:`.standby`), or None where
-        none answers."""
-        try:
-            return standby_link.ask(folder, key, theirs, env)
-        except OSError as error:
-            raise Fallback(str(error)) from None
 
     # --- the launcher's calls ------------------------------------------------------------
 
