@@ -44,8 +44,10 @@ the ratio of the medians and the median of the ratios within a pair (the goal: a
 ``--warm`` (issue 28) times the warm start: a DDP script (``DistributedDataParallel`` of a
 small model, then one all-reduce; no scalerun in the rank) from before ``Popen`` to every
 rank past its first collective, under ``scalerun launch --start=warm`` (the default: ranks
-forked from one starter that imported torch once), ``--start=exec`` (each rank imports
-torch itself) and ``torchrun``, in rotating order, at 4 and 8 ranks; the wall and CPU
+forked from one starter that imported torch once), the same with a standby folder open
+(``standby``: the starter itself forked from an earlier launch's, as a sweep's or a test
+suite's later launches get it), ``--start=exec`` (each rank imports torch itself) and
+``torchrun``, in rotating order, at 4 and 8 ranks; the wall and CPU
 ratios of the medians against torchrun (the goal: at most 0.5x)::
 
     python benchmarks/launch.py --warm              # 4 and 8 ranks, 5 rounds, results/launch-warm.json
@@ -177,15 +179,42 @@ def launch_command(variant: str, ranks: int, stamp: Path) -> list[str]:
     return [*torchrun, *probe, *(["--plain-torch"] if variant == "torchrun+torch" else [])]
 
 
-WARM_VARIANTS = ("warm", "exec", "torchrun-ddp")
+WARM_VARIANTS = ("warm", "standby", "exec", "torchrun-ddp")
+"""``standby``: ``--start=warm`` with a standby folder open (a sweep's or a suite's later
+launches: the starter forked from a standby, src/scalerun/launch/local/standby.py)."""
 
 
 def warm_command(variant: str, ranks: int, stamp: Path) -> list[str]:
-    """--warm's three launches of the DDP probe."""
+    """--warm's launches of the DDP probe."""
     probe = [str(THIS_FILE), "--probe-ddp", str(stamp)]
     if variant == "torchrun-ddp":
         return [command("torchrun"), "--standalone", f"--nproc-per-node={ranks}", *probe]
-    return [command("scalerun"), "launch", f"--start={variant}", f"--nproc-per-node={ranks}", *probe]
+    start = "warm" if variant == "standby" else variant
+    return [command("scalerun"), "launch", f"--start={start}", f"--nproc-per-node={ranks}", *probe]
+
+
+def standby_cpu_s(folder: str | None) -> float:
+    """CPU seconds the standbys of ``folder`` and the starters they reaped used: a served
+    launch's starter and ranks are the standby's descendants, not this process's, so
+    ``RUSAGE_CHILDREN`` here never sees them (``/proc/PID/stat``: utime, stime, cutime,
+    cstime). Waits until each standby has reaped what ended (a launcher closes its link as
+    it exits; the standby then reaps its starter)."""
+    if folder is None:
+        return 0.0
+    from scalerun.launch.local.standby_link import lock_holders
+
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in lock_holders(folder):
+        deadline = time.monotonic() + 10
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        while time.monotonic() < deadline and children.exists() and children.read_text().strip():
+            time.sleep(0.02)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(value) for value in fields[11:15]) / tick
+    return total
 
 
 def children_cpu_s() -> float:
@@ -194,36 +223,45 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_once(variant: str, ranks: int, workdir: Path) -> tuple[float, float, float]:
-    """(seconds to every rank past the barrier, seconds to exit, CPU seconds used)."""
+def time_once(variant: str, ranks: int, workdir: Path, standby: str | None = None) -> tuple[float, float, float]:
+    """(seconds to every rank past the barrier, seconds to exit, CPU seconds used).
+    ``standby``: the open standby folder, for the ``standby`` variant."""
+    from scalerun import variables
+
     stamp = workdir / f"{variant}-{ranks}.stamp"
     stamp.unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {name: value for name, value in os.environ.items() if name != variables.STANDBY}
+    env["OMP_NUM_THREADS"] = "1"
+    folder = standby if variant == "standby" else None
+    if folder is not None:
+        env[variables.STANDBY] = folder
     command = launch_command(variant, ranks, stamp)
-    cpu_before = children_cpu_s()
+    cpu_before = children_cpu_s() + standby_cpu_s(folder)
     started = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     total = time.time() - started
     if done.returncode != 0 or not stamp.exists():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}):\n{tail}")
-    return float(stamp.read_text()) - started, total, children_cpu_s() - cpu_before
+    return float(stamp.read_text()) - started, total, children_cpu_s() + standby_cpu_s(folder) - cpu_before
 
 
 def run_benchmark(rank_counts: Sequence[int], repeat: int, warmup: int,
                   variants: Sequence[str] = VARIANTS) -> list[Samples]:
+    from scalerun.launch.local.standby_link import standbys
+
     order = tuple(variants)
     results = {(v, n): Samples(v, n) for n in rank_counts for v in order}
-    with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp:
-        for _ in range(warmup):  # untimed: fills the page cache, writes .pyc files
+    with tempfile.TemporaryDirectory(prefix="scalerun-bench-") as tmp, standbys({}) as standby:
+        for _ in range(warmup):  # untimed: fills the page cache, writes .pyc files, leaves the standbys
             for n in rank_counts:
                 for variant in order:
-                    time_once(variant, n, Path(tmp))
+                    time_once(variant, n, Path(tmp), standby)
         for rnd in range(repeat):
             for n in rank_counts:
                 shift = rnd % len(order)  # rotate: none is always first after a pause
                 for variant in order[shift:] + order[:shift]:
-                    ready, total, cpu = time_once(variant, n, Path(tmp))
+                    ready, total, cpu = time_once(variant, n, Path(tmp), standby)
                     samples = results[variant, n]
                     samples.ready_s.append(ready)
                     samples.total_s.append(total)
@@ -454,18 +492,19 @@ def main_warm(args: argparse.Namespace) -> int:
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         print(f"launch.py: error: {error}", file=sys.stderr)
         return 1
-    ratios = {str(n): {start: compare(results, n, start, "torchrun-ddp") for start in ("warm", "exec")}
+    starts = ("warm", "standby", "exec")
+    ratios = {str(n): {start: compare(results, n, start, "torchrun-ddp") for start in starts}
               for n in ranks}
     lines = ["ranks  start          to first collective median (min-max)   CPU s median",
              "-----  -------------  -------------------------------------  ------------"]
     for s in sorted(results, key=lambda r: (r.ranks, WARM_VARIANTS.index(r.variant))):
         lines.append(f"{s.ranks:5d}  {s.variant:13s}  {s.median('ready_s'):7.3f} s "
                      f"({min(s.ready_s):.2f}-{max(s.ready_s):.2f}){'':16s}  {s.median('cpu_s'):10.2f} s")
-    lines += ["", "ranks  start  / torchrun: to first collective  CPU s   (goal: warm <= 0.5 both)"]
+    lines += ["", "ranks  start    / torchrun: to first collective  CPU s   (goal: warm <= 0.5 both)"]
     for n in ranks:
-        for start in ("warm", "exec"):
+        for start in starts:
             c = ratios[str(n)][start]
-            lines.append(f"{n:5d}  {start:5s}  {c['ready_ratio']:30.3f}  {c['cpu_ratio']:5.3f}")
+            lines.append(f"{n:5d}  {start:7s}  {c['ready_ratio']:30.3f}  {c['cpu_ratio']:5.3f}")
     print("\n".join(lines))
     report = {
         "benchmark": "launch-warm",

@@ -64,7 +64,7 @@ atexit.register(shutil.rmtree, RUNS, ignore_errors=True)
 # it: every standby ends when it does. tests/launch/test_standby.py tests the standbys,
 # tests/launch/test_warm_start.py the starter a launch starts itself.
 if variables.STANDBY not in os.environ:
-    _STANDBYS = standby_link.standbys()
+    _STANDBYS = standby_link.standbys(say=lambda line: print(f"\nsuite: {line}", file=sys.stderr))
     _STANDBYS.__enter__()
     atexit.register(_STANDBYS.__exit__, None, None, None)
 

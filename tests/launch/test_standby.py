@@ -24,7 +24,13 @@ import psutil
 import pytest
 
 from scalerun import variables
-from scalerun.launch.local.standby_link import folder_for, lock_holders, standby_key, standbys
+from scalerun.launch.local.standby_link import (
+    folder_for,
+    lock_holders,
+    served,
+    standby_key,
+    standbys,
+)
 
 PYTHON = "/usr/bin/python3"
 ENV = {"PATH": "/usr/bin", "HOME": "/home/a", variables.RUN_DIR: "/runs/1", "PYTEST_CURRENT_TEST": "t1"}
@@ -183,7 +189,7 @@ def running(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def owned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("standby")
     script = root / "probe.py"
     script.write_text(textwrap.dedent(PROBE))
@@ -217,7 +223,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
         while any(running(rank["pid"]) for rank in ranks.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         seen["killed"] = {"ranks": ranks, "running": [rank["pid"] for rank in ranks.values() if running(rank["pid"])]}
+        (Path(folder) / "most").write_text("2")  # the limit reached: the next key retires one
+        launch("third", root / "a", SCALERUN_X="4", SOME_SETTING="2")
         seen["standbys"] = lock_holders(folder)
+        seen["served"] = served(folder)
     deadline = time.monotonic() + 30
     while any(running(pid) for pid in seen["standbys"]) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -227,8 +236,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return seen
 
 
-def test_the_next_launch_forks_its_starter_from_the_standby_the_first_left(served: dict) -> None:
-    first, second = served["first"], served["second"]
+def test_the_next_launch_forks_its_starter_from_the_standby_the_first_left(owned: dict) -> None:
+    first, second = owned["first"], owned["second"]
     assert first["code"] == 0 and second["code"] == 0, first["err"] + second["err"]
     assert "starting each rank with exec" not in first["err"] + second["err"]
     (standby,) = first["holders"]
@@ -238,21 +247,21 @@ def test_the_next_launch_forks_its_starter_from_the_standby_the_first_left(serve
     for run, x, folder in ((first, "1", "a"), (second, "2", "b")):  # each launch's own variables and folder
         assert sorted(run["ranks"]) == [0, 1]
         assert {(rank["sum"], rank["x"], rank["cwd"]) for rank in run["ranks"].values()} == {
-            (3.0, x, str(served["root"] / folder))}
+            (3.0, x, str(owned["root"] / folder))}
 
 
-def test_a_launch_with_another_environment_gets_a_standby_of_its_own(served: dict) -> None:
-    other = served["other"]
+def test_a_launch_with_another_environment_gets_a_standby_of_its_own(owned: dict) -> None:
+    other = owned["other"]
     assert other["code"] == 0, other["err"]
-    (standby,) = served["first"]["holders"]
+    (standby,) = owned["first"]["holders"]
     assert {rank["starters_parent"] for rank in other["ranks"].values()} == {other["launcher"]}
     assert len(other["holders"]) == 2 and standby in other["holders"]
 
 
-def test_what_the_ranks_of_a_served_launch_leave_is_stopped_and_named(served: dict) -> None:
-    leaving = served["leaving"]
+def test_what_the_ranks_of_a_served_launch_leave_is_stopped_and_named(owned: dict) -> None:
+    leaving = owned["leaving"]
     assert leaving["code"] == 0, leaving["err"]
-    (standby,) = served["first"]["holders"]
+    (standby,) = owned["first"]["holders"]
     assert {rank["starters_parent"] for rank in leaving["ranks"].values()} == {standby}
     left = leaving["ranks"][0]["left"]
     lines = [line for line in leaving["err"].splitlines() if "the ranks left running" in line]
@@ -260,19 +269,32 @@ def test_what_the_ranks_of_a_served_launch_leave_is_stopped_and_named(served: di
     assert not running(left)
 
 
-def test_a_served_launch_killed_takes_its_ranks_along(served: dict) -> None:
+def test_a_served_launch_killed_takes_its_ranks_along(owned: dict) -> None:
     """The launcher gets SIGKILL while its ranks (which ignore SIGTERM) run: its starter,
     watching it, stops them, SIGKILL after the grace."""
-    killed = served["killed"]
-    (standby,) = served["first"]["holders"]
+    killed = owned["killed"]
+    (standby,) = owned["first"]["holders"]
     assert {rank["starters_parent"] for rank in killed["ranks"].values()} == {standby}
     assert killed["running"] == []
 
 
-def test_the_standbys_end_with_their_folder(served: dict) -> None:
-    assert len(served["standbys"]) == 2
-    assert served["standbys_running_after"] == []
-    assert not served["folder_after"]
+def test_a_new_key_past_the_limit_retires_the_standby_served_least_recently(owned: dict) -> None:
+    """Two standbys at a limit of two: the first launch's (served three times since) and
+    the other environment's (never served). A third key retires the latter."""
+    third = owned["third"]
+    assert third["code"] == 0, third["err"]
+    (first,) = owned["first"]["holders"]
+    (other,) = set(owned["other"]["holders"]) - {first}
+    assert {rank["starters_parent"] for rank in third["ranks"].values()} == {third["launcher"]}
+    assert first in third["holders"] and other not in third["holders"] and len(third["holders"]) == 2
+    assert not running(other)
+
+
+def test_the_standbys_end_with_their_folder(owned: dict) -> None:
+    assert len(owned["standbys"]) == 2
+    assert owned["served"] == (3, 3)  # three standbys; the second, leaving and killed launches served
+    assert owned["standbys_running_after"] == []
+    assert not owned["folder_after"]
 
 
 @pytest.mark.parametrize("command", ["scaling", "tune"])

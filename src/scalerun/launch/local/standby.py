@@ -47,18 +47,34 @@ IDLE_S = 300.0
 """Seconds a standby waits with no launch running before it ends by itself (its slot then
 goes to the next key that needs one)."""
 MOST = 8
-"""Standbys one folder holds at most: each keeps 150-250 MB of its own (torch's modules,
-private once the starter it was copied from has ended)."""
+"""Standbys one folder holds at most, unless its ``most`` file says otherwise: each keeps
+150-250 MB of its own (torch's modules, private once the starter it was copied from has
+ended). A new key past it retires the standby served least recently that runs nothing."""
 OWNER_FILE = "owner"
 """In the standby folder: the pid of the process whose end ends every standby in it."""
+MOST_FILE = "most"
+"""In the standby folder, optional: how many standbys it holds at most (default :data:`MOST`)."""
+SERVED = ".served"
+"""``PATH.served``: a byte per launch the standby served (what :func:`.standby_link.served`
+counts: how often a standby saved an import of torch)."""
 RECEIVE_TIMEOUT_S = 10.0
 """How long a launch that connected may take to send its request."""
 
 
 def owner_of(folder: str) -> int | None:
     """The owner's pid written in ``folder``; None where there is none to read."""
+    return _number_in(os.path.join(folder, OWNER_FILE))
+
+
+def most_of(folder: str) -> int:
+    """How many standbys ``folder`` holds at most."""
+    most = _number_in(os.path.join(folder, MOST_FILE))
+    return MOST if most is None else most
+
+
+def _number_in(path: str) -> int | None:
     try:
-        with open(os.path.join(folder, OWNER_FILE)) as handle:
+        with open(path) as handle:
             return int(handle.read().strip())
     except (OSError, ValueError):
         return None
@@ -74,11 +90,11 @@ def leave(path: str, control: socket.socket, serve: Serve) -> None:
     holds its lock, and tell the launcher its pid (its leftover sweep spares it). Nothing
     happens where the owner is gone or the lock is held: this launch goes on either way.
     ``serve``: what each starter the standby forks runs."""
-    from scalerun.launch.local.standby_link import lock_holders
-
     folder = os.path.dirname(path)
     owner = owner_of(folder)
-    if owner is None or len(lock_holders(folder)) >= MOST or not _lock_is_free(path + ".lock"):
+    if owner is None or not _lock_is_free(path + ".lock"):
+        return
+    if len(lock_holders(folder)) >= most_of(folder) and not retire_one(folder):
         return
     try:
         owner_fd = os.pidfd_open(owner)
@@ -106,6 +122,26 @@ def leave(path: str, control: socket.socket, serve: Serve) -> None:
             run(path, lock, owner_fd, serve)
     finally:
         os._exit(0)
+
+
+def retire_one(folder: str) -> bool:
+    """Ask the standbys of ``folder``, the one served least recently first, to end; the
+    first that runs no launch does: True; False where every one is busy."""
+    def last_served(name: str) -> float:
+        try:
+            return os.path.getmtime(os.path.join(folder, name))
+        except OSError:
+            return 0.0
+
+    for name in sorted((name for name in os.listdir(folder) if name.endswith(SERVED)), key=last_served):
+        sock_path = os.path.join(folder, name[: -len(SERVED)] + ".sock")
+        with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+            link.settimeout(RECEIVE_TIMEOUT_S)
+            link.connect(sock_path)
+            wire.send_request(link, {"retire": True}, [])
+            if json.loads(link.makefile("rb").readline()).get("retired"):
+                return True
+    return False
 
 
 def _lock_is_free(path: str) -> bool:
@@ -158,7 +194,8 @@ def run(path: str, lock: int, owner_fd: int, serve: Serve) -> None:
     listener.bind(sock_path)
     listener.listen(16)
     selector, wake_r, wake_w = woken_by_children(listener, owner_fd)
-    own = [listener.fileno(), owner_fd, lock, wake_r, wake_w]
+    served = os.open(path + SERVED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    own = [listener.fileno(), owner_fd, lock, wake_r, wake_w, served]
     launches: dict[int, Launch] = {}
     idle_since = time.monotonic()
     try:
@@ -168,7 +205,8 @@ def run(path: str, lock: int, owner_fd: int, serve: Serve) -> None:
                 return
             for selected, _mask in selector.select(timeout):
                 if selected.fileobj is listener:
-                    _accept(listener, key, launches, selector, own, serve)
+                    if _accept(listener, key, launches, selector, own, serve):
+                        return  # retired: another key needs the slot
                 elif selected.fileobj == owner_fd:
                     return
                 elif selected.fileobj == wake_r:
@@ -186,27 +224,35 @@ def run(path: str, lock: int, owner_fd: int, serve: Serve) -> None:
 
 
 def _accept(listener: socket.socket, key: str, launches: dict[int, Launch],
-            selector: selectors.BaseSelector, own: list[int], serve: Serve) -> None:
-    """One launch's request: fork its starter and send its pid, or one line why not."""
+            selector: selectors.BaseSelector, own: list[int], serve: Serve) -> bool:
+    """One launch's request: fork its starter and send its pid, or one line why not; or a
+    request to retire (:func:`retire_one`): True where this standby, running no launch,
+    ends now. ``own``: the standby's descriptors, which its child closes (the last:
+    ``PATH.served``)."""
     try:
         link, _address = listener.accept()
     except OSError:
-        return
+        return False
     link.settimeout(RECEIVE_TIMEOUT_S)
     try:
         got = wire.receive_request(link)
     except (OSError, EOFError, ValueError):
         link.close()
-        return
+        return False
     if got is None:
         link.close()
-        return
+        return False
     request, fds = got
+    if request.get("retire"):
+        _close_all(fds)
+        _reply(link, {"retired": not launches})
+        link.close()
+        return not launches
     if request.get("key") != key or len(fds) < 2:
         _close_all(fds)
         _reply(link, {"error": "this standby serves another key"})
         link.close()
-        return
+        return False
     standby = os.getpid()
     try:
         pid = os.fork()
@@ -214,7 +260,7 @@ def _accept(listener: socket.socket, key: str, launches: dict[int, Launch],
         _close_all(fds)
         _reply(link, {"error": f"fork: {error.strerror}"})
         link.close()
-        return
+        return False
     if pid == 0:
         selector.close()
         others = [launch.link for launch in launches.values() if launch.link is not None]
@@ -225,10 +271,13 @@ def _accept(listener: socket.socket, key: str, launches: dict[int, Launch],
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         become_starter(request, fds, standby=standby, serve=serve)
     _close_all(fds)
+    with contextlib.suppress(OSError):
+        os.write(own[-1], b".")  # one launch served (SERVED)
     _reply(link, {"pid": pid})
     link.settimeout(None)
     launches[pid] = Launch(link)
     selector.register(link, selectors.EVENT_READ, data=pid)
+    return False
 
 
 def _reply(link: socket.socket, message: dict[str, Any]) -> None:
@@ -313,3 +362,29 @@ def become_starter(request: dict[str, Any], fds: list[int], *, standby: int, ser
     os.environ.update(request["env"])
     become_subreaper()  # what the ranks leave is handed here, not to the standby's parent
     serve(control, watch=launcher, sweep=True)
+
+
+def lock_holders(folder: str) -> list[int]:
+    """The pids holding a lock on a ``.lock`` file of ``folder``."""
+    inodes = set()
+    for name in os.listdir(folder):
+        if name.endswith(".lock"):
+            with contextlib.suppress(OSError):
+                inodes.add(os.stat(os.path.join(folder, name)).st_ino)
+    holders = []
+    for line in _proc_locks().splitlines():
+        words = line.split()
+        if len(words) >= 6 and words[1] == "FLOCK":
+            with contextlib.suppress(ValueError, IndexError):
+                inode = int(words[5].split(":")[2])
+                if inode in inodes:
+                    holders.append(int(words[4]))
+    return holders
+
+
+def _proc_locks() -> str:
+    try:
+        with open("/proc/locks") as handle:
+            return handle.read()
+    except OSError:
+        return ""

@@ -36,11 +36,12 @@ import signal
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from scalerun import variables
 from scalerun.launch.local import wire
+from scalerun.launch.local.standby import MOST_FILE, OWNER_FILE, SERVED, lock_holders
 
 ASK_TIMEOUT_S = 10.0
 """How long a launcher waits for a standby to connect and fork its starter."""
@@ -244,28 +245,44 @@ def _line(link: socket.socket) -> bytes:
 
 
 @contextlib.contextmanager
-def standbys(environ: MutableMapping[str, str] | None = None) -> Iterator[str]:
+def standbys(environ: MutableMapping[str, str] | None = None,
+             say: Callable[[str], None] | None = None, most: int | None = None) -> Iterator[str]:
     """Standby starters for the launches started below this process until the block ends:
     a folder named in ``environ`` (default ``os.environ``) by ``SCALERUN_STANDBY``, owned
     by this process. Every standby ends when this process does; those of the folder are
     stopped when the block ends. Where ``environ`` names a folder already (a process above
-    opened one), the block uses that one and leaves it to its owner."""
+    opened one), the block uses that one and leaves it to its owner. ``say``: gets one
+    line at the end, how many standbys served how many launches (where there were any); ``most``: how many
+    standbys the folder holds at most (default :data:`.standby.MOST`)."""
     env = os.environ if environ is None else environ
     given = env.get(variables.STANDBY)
     if given and os.path.isdir(given):
         yield given
         return
     folder = tempfile.mkdtemp(prefix="scalerun-standby-")
-    with open(os.path.join(folder, "owner"), "w") as handle:
+    with open(os.path.join(folder, OWNER_FILE), "w") as handle:
         handle.write(str(os.getpid()))
+    if most is not None:
+        with open(os.path.join(folder, MOST_FILE), "w") as handle:
+            handle.write(str(most))
     env[variables.STANDBY] = folder
     try:
         yield folder
     finally:
         env.pop(variables.STANDBY, None)
-        os.unlink(os.path.join(folder, "owner"))  # no standby starts any more
+        os.unlink(os.path.join(folder, OWNER_FILE))  # no standby starts any more
         stop_standbys(folder)
+        standby_count, launches = served(folder)
+        if say is not None and standby_count:
+            say(f"standby starters: {standby_count}, which served {launches} launches")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def served(folder: str) -> tuple[int, int]:
+    """(how many standbys ``folder`` has had, how many launches they served)."""
+    counts = [os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+              if name.endswith(SERVED)]
+    return len(counts), sum(counts)
 
 
 def stop_standbys(folder: str) -> None:
@@ -274,21 +291,3 @@ def stop_standbys(folder: str) -> None:
     for pid in lock_holders(folder):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
-
-
-def lock_holders(folder: str) -> list[int]:
-    """The pids holding a lock on a ``.lock`` file of ``folder``."""
-    inodes = set()
-    for name in os.listdir(folder):
-        if name.endswith(".lock"):
-            with contextlib.suppress(OSError):
-                inodes.add(os.stat(os.path.join(folder, name)).st_ino)
-    holders = []
-    for line in _read("/proc/locks").splitlines():
-        words = line.split()
-        if len(words) >= 6 and words[1] == "FLOCK":
-            with contextlib.suppress(ValueError, IndexError):
-                inode = int(words[5].split(":")[2])
-                if inode in inodes:
-                    holders.append(int(words[4]))
-    return holders
