@@ -34,6 +34,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -233,6 +234,9 @@ def _accept(listener: socket.socket, key: str, launches: dict[int, Launch],
         link, _address = listener.accept()
     except OSError:
         return False
+    if _peer_uid(link) != os.getuid():  # the folder is the owner's alone (0700); so are its standbys
+        link.close()
+        return False
     link.settimeout(RECEIVE_TIMEOUT_S)
     try:
         got = wire.receive_request(link)
@@ -278,6 +282,16 @@ def _accept(listener: socket.socket, key: str, launches: dict[int, Launch],
     launches[pid] = Launch(link)
     selector.register(link, selectors.EVENT_READ, data=pid)
     return False
+
+
+def _peer_uid(link: socket.socket) -> int | None:
+    """The user of the process at the other end (``SO_PEERCRED``: pid, uid, gid)."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", link.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except (OSError, AttributeError, struct.error):
+        return None
+    return uid
 
 
 def _reply(link: socket.socket, message: dict[str, Any]) -> None:
