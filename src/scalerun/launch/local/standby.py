@@ -60,6 +60,9 @@ SERVED = ".served"
 counts: how often a standby saved an import of torch)."""
 RECEIVE_TIMEOUT_S = 10.0
 """How long a launch that connected may take to send its request."""
+RETIRE_TIMEOUT_S = 2.0
+"""How long a starter waits for one standby's answer to a retirement (it waits before its
+own launch starts: a standby that does not answer is passed over)."""
 
 
 def owner_of(folder: str) -> int | None:
@@ -137,7 +140,7 @@ def retire_one(folder: str) -> bool:
     for name in sorted((name for name in os.listdir(folder) if name.endswith(SERVED)), key=last_served):
         sock_path = os.path.join(folder, name[: -len(SERVED)] + ".sock")
         with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
-            link.settimeout(RECEIVE_TIMEOUT_S)
+            link.settimeout(RETIRE_TIMEOUT_S)
             link.connect(sock_path)
             wire.send_request(link, {"retire": True}, [])
             if json.loads(link.makefile("rb").readline()).get("retired"):
