@@ -9,10 +9,13 @@ report failures alike. A failure is anything with ``local_rank``, ``pid``, ``exi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
 import socket
+import time
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -37,6 +40,31 @@ def woken_by_children(*watched: Any) -> tuple[selectors.BaseSelector, int, int]:
     for item in (*watched, wake_r):
         selector.register(item, selectors.EVENT_READ)
     return selector, wake_r, wake_w
+
+
+def stop_sessions(pids: Sequence[int], grace_s: float) -> None:
+    """SIGTERM to the session of each of ``pids``, SIGKILL to what is left ``grace_s``
+    later (sooner where all ended): the ranks a dead starter or launcher left behind."""
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, number)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+        if not any(_alive(pid) for pid in pids):
+            return
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie that no one reaped yet has ended). Asked only when something
+    died, so psutil is imported here, not at every launch."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def describe_exit(exitcode: int) -> str:

@@ -143,7 +143,7 @@ def retire_one(folder: str) -> bool:
             link.settimeout(RETIRE_TIMEOUT_S)
             link.connect(sock_path)
             wire.send_request(link, {"retire": True}, [])
-            if json.loads(link.makefile("rb").readline()).get("retired"):
+            if wire.receive_line(link).get("retired"):
                 return True
     return False
 
@@ -389,7 +389,7 @@ def lock_holders(folder: str) -> list[int]:
             with contextlib.suppress(OSError):
                 inodes.add(os.stat(os.path.join(folder, name)).st_ino)
     holders = []
-    for line in _proc_locks().splitlines():
+    for line in read_or_empty("/proc/locks").splitlines():
         words = line.split()
         if len(words) >= 6 and words[1] == "FLOCK":
             with contextlib.suppress(ValueError, IndexError):
@@ -399,9 +399,10 @@ def lock_holders(folder: str) -> list[int]:
     return holders
 
 
-def _proc_locks() -> str:
+def read_or_empty(path: str) -> str:
+    """The text of ``path``; empty where it cannot be read (a ``/proc`` file elsewhere)."""
     try:
-        with open("/proc/locks") as handle:
+        with open(path) as handle:
             return handle.read()
     except OSError:
         return ""

@@ -34,23 +34,27 @@ import select
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from scalerun import variables
+from scalerun.launch.leftovers import GRACE_S, SETTLE_S
 from scalerun.launch.local import wire
-from scalerun.launch.local.standby import MOST_FILE, OWNER_FILE, SERVED, lock_holders
+from scalerun.launch.local.standby import MOST_FILE, OWNER_FILE, SERVED, lock_holders, read_or_empty
 
 ASK_TIMEOUT_S = 10.0
 """How long a launcher waits for a standby to connect and fork its starter."""
 VOLATILE = ("PYTEST_CURRENT_TEST",)
 """Variables besides ``SCALERUN_*`` that differ from launch to launch and that no preloaded
 module reads at import (pytest sets this one for each test)."""
-SWEEP_S = 13.0
+SWEEP_S = SETTLE_S + 2 * GRACE_S + 1.0
 """How long a launcher waits for a standby's starter to end: the starter stops what its
-ranks left (:mod:`scalerun.launch.leftovers`: 2 s to settle, then 5 s and 5 s more)."""
+ranks left (:mod:`scalerun.launch.leftovers`: time to settle, then SIGTERM's grace and
+SIGKILL's), and a second more."""
 
 
 def volatile(name: str) -> bool:
@@ -95,8 +99,8 @@ def inherited() -> dict[str, Any]:
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "ids": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "status": _status_lines(("Umask", "NoNewPrivs", "Seccomp", "Cap", "Mems_allowed_list")),
-        "cgroup": _read("/proc/self/cgroup"),
-        "oom": _read("/proc/self/oom_score_adj"),
+        "cgroup": read_or_empty("/proc/self/cgroup"),
+        "oom": read_or_empty("/proc/self/oom_score_adj"),
         "ignored": sorted(int(number) for number in signal.valid_signals() if _ignored(number)),
         "blocked": sorted(int(number) for number in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     }
@@ -110,15 +114,7 @@ def _ignored(number: int) -> bool:
 
 
 def _status_lines(prefixes: tuple[str, ...]) -> list[str]:
-    return [line for line in _read("/proc/self/status").splitlines() if line.startswith(prefixes)]
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return ""
+    return [line for line in read_or_empty("/proc/self/status").splitlines() if line.startswith(prefixes)]
 
 
 def standby_path(folder: str, key: str) -> str:
@@ -148,8 +144,6 @@ class DetachedStarter:
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
@@ -159,8 +153,6 @@ class DetachedStarter:
                 if self.returncode is not None:
                     return self.returncode
             if deadline is not None and time.monotonic() >= deadline:
-                import subprocess
-
                 raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
 
     def kill(self) -> None:
@@ -215,8 +207,7 @@ def ask(folder: str, key: str, env: Mapping[str, str]) -> tuple[DetachedStarter,
             wire.send_request(link, {"key": key, "cwd": os.getcwd(), "env": dict(env), "stdio": stdio}, fds)
         finally:
             os.close(me)
-        reply = json.loads(_line(link))
-        pid = int(reply["pid"])
+        pid = int(wire.receive_line(link)["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         for sock in (link, ours, theirs):
             sock.close()
@@ -232,16 +223,6 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def _line(link: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = link.recv(4096)
-        if not chunk:
-            raise OSError("closed")
-        data += chunk
-    return data
 
 
 @contextlib.contextmanager

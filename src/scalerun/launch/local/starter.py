@@ -29,12 +29,11 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scalerun.launch.local import wire
-from scalerun.launch.local.failures import ended_child, woken_by_children
+from scalerun.launch.local.failures import ended_child, stop_sessions, woken_by_children
 
 DEFAULT_PRELOAD = (
     "torch",
@@ -151,23 +150,10 @@ ORPHAN_GRACE_S = 5.0
 def _orphaned(children: dict[int, int]) -> NoReturn:
     """The launcher died: every rank's session stopped (SIGTERM, then SIGKILL), then this
     starter ends by SIGTERM."""
-    for number in (signal.SIGTERM, signal.SIGKILL):
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, number)
-        deadline = time.monotonic() + ORPHAN_GRACE_S
-        while time.monotonic() < deadline and any(_running(pid) for pid in children):
-            time.sleep(0.05)
+    stop_sessions(list(children), ORPHAN_GRACE_S)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
     os._exit(128 + signal.SIGTERM)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return ended_child(pid) is None
-    except ChildProcessError:
-        return False
 
 
 def fork_rank(request: dict[str, Any], fds: list[int], control: socket.socket,

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 from scalerun.launch.leftovers import spare
 from scalerun.launch.local import standby_link, wire
-from scalerun.launch.local.failures import describe_exit
+from scalerun.launch.local.failures import describe_exit, stop_sessions
 from scalerun.parent_death import ending_with_launcher
 
 MODES = ("warm", "exec")
@@ -479,26 +479,7 @@ class Starter:
 def stop_left(procs: Sequence[WarmProc]) -> None:
     """SIGTERM to each rank's session (the kernel sent it too), SIGKILL to what is left
     :data:`LOST_GRACE_S` later: no rank outlives its starter."""
-    for number in (signal.SIGTERM, signal.SIGKILL):
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, number)
-        deadline = time.monotonic() + LOST_GRACE_S
-        while time.monotonic() < deadline and any(_alive(proc.pid) for proc in procs):
-            time.sleep(0.05)
-        if not any(_alive(proc.pid) for proc in procs):
-            return
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie that no one reaped yet has ended). Only a lost starter's ranks
-    are asked, so psutil is imported here, not at every launch."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    stop_sessions([proc.pid for proc in procs], LOST_GRACE_S)
 
 
 def say(line: str) -> None:

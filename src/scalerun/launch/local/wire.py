@@ -57,6 +57,18 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
+def receive_line(sock: socket.socket) -> dict[str, Any]:
+    """The next one-line JSON answer (an :func:`event`, or a standby's reply); OSError
+    where the other side closed first, ValueError where the line is not JSON."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise OSError("the other side closed the socket before its answer")
+        data += chunk
+    return json.loads(data)
+
+
 def event(kind: str, **fields: Any) -> bytes:
     """One starter-to-launcher line."""
     return (json.dumps({"event": kind, **fields}) + "\n").encode()
