@@ -154,6 +154,10 @@ JOB_SCRIPT_FILE = "job.sbatch"
 """The job script of a SLURM launch."""
 SITE_RUN_FILE = "site.json"
 """The launch's site profile, merged and validated, as ranks read it (:data:`SITE_FILE`)."""
+STARTS_FILE = "starts.jsonl"
+"""``RUN_DIR/starts.jsonl``: how each local launcher started its ranks (warm or exec, forked
+by a standby or leaving one, the starter's seconds to ready), one JSON object a start:
+what a cold first launch paid once, which ``scalerun tune`` must not charge every trial."""
 EVENTS_FILE = "events.jsonl"
 """``RUN_DIR/events.jsonl``: what happened during the run (stragglers, restarts,
 preemption, hangs), one JSON object per line; see :mod:`scalerun.events`."""

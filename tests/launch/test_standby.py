@@ -199,7 +199,7 @@ def owned(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     def launch(name: str, cwd: Path, **extra: str) -> None:
         cwd.mkdir(exist_ok=True)
-        process = subprocess.Popen(command, cwd=cwd, env={**base, **extra}, stdout=subprocess.PIPE,
+        process = subprocess.Popen([*command[:4], "--run-dir", str(root / "runs" / name), *command[4:]], cwd=cwd, env={**base, **extra}, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
         out, err = process.communicate(timeout=180)
         seen[name] = {"code": process.returncode, "out": out, "err": err, "launcher": process.pid,
@@ -248,6 +248,22 @@ def test_the_next_launch_forks_its_starter_from_the_standby_the_first_left(owned
         assert sorted(run["ranks"]) == [0, 1]
         assert {(rank["sum"], rank["x"], rank["cwd"]) for rank in run["ranks"].values()} == {
             (3.0, x, str(owned["root"] / folder))}
+
+
+def test_each_launch_records_how_its_ranks_started(owned: dict) -> None:
+    """``RUN_DIR/starts.jsonl``: the first launch's starter imported torch and stayed as
+    the standby, the second was forked by it; what ``scalerun tune`` reads as the start-up
+    the first trial paid once (:func:`scalerun.tune.trials.paid_once`)."""
+    from scalerun.tune.trials import paid_once
+
+    runs = owned["root"] / "runs"
+    (first,) = [json.loads(line) for line in (runs / "first" / variables.STARTS_FILE).read_text().splitlines()]
+    (second,) = [json.loads(line) for line in (runs / "second" / variables.STARTS_FILE).read_text().splitlines()]
+    assert (first["start"], first["served"], first["left_standby"]) == ("warm", False, True)
+    assert (second["start"], second["served"], second["left_standby"]) == ("warm", True, False)
+    assert first["starter_ready_s"] > 0 and second["starter_ready_s"] > 0
+    assert paid_once(runs / "first") == round(first["starter_ready_s"], 3)
+    assert paid_once(runs / "second") == 0.0
 
 
 def test_a_launch_with_another_environment_gets_a_standby_of_its_own(owned: dict) -> None:

@@ -52,7 +52,7 @@ def test_a_real_tuning_ranks_checks_and_resumes(tmp_path: Path) -> None:
     data = json.loads((out / "tune.json").read_text())
     assert data["spent_s"] <= 55 * 1.10
     trials = [t for t in data["trials"] if t["status"] == "ok"]
-    assert len(trials) >= 2 and all(t["measured"]["samples_per_s"] > 0 for t in trials)
+    assert len(trials) >= 2 and all(t["measured"]["samples_per_s"] > 0 for t in trials), done.stdout[-3000:]
     assert all(t["measured"]["peak_rss_mb"] > 50 for t in trials)  # from the ranks' end lines
     # the steps each trial really ran, and the knobs the script's code asked about (its
     # scalerun.loader: the loader's; its wrap(): DDP's), from the ranks' step logs

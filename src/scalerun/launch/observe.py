@@ -27,6 +27,7 @@ from scalerun.files import make_dirs, write_text_atomic
 from scalerun.job import detect_job
 from scalerun.plan.request import ObserveRequest
 from scalerun.redact import redact_data, secret_values
+from scalerun.run_writer import append_or_say
 from scalerun.rundir import RUN_FILE, monitor_path, ranks_path, run_dir_from
 
 
@@ -42,6 +43,20 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
                          secret_values(os.environ))
     write_text_atomic(observe.run_dir / RUN_FILE, strict_json.dumps(record, indent=2, default=str) + "\n",
                       what="--run-dir")
+
+
+def record_start(run_dir: Path, starter: Any) -> None:
+    """Append how this launcher started its ranks to ``RUN_DIR/starts.jsonl``
+    (:data:`scalerun.variables.STARTS_FILE`): ``starter`` is its warm starter
+    (:class:`scalerun.launch.local.warm.Starter`), or None for an exec start. A disk that
+    refuses costs this record only (:func:`scalerun.run_writer.append_or_say`)."""
+    record: dict[str, Any] = {"t": time.time(), "node": detect_job(os.environ).node_name or os.uname().nodename,
+                              "start": "exec" if starter is None else "warm"}
+    if starter is not None:
+        record.update(served=starter.served, left_standby=starter.left_standby,
+                      starter_ready_s=starter.ready_s)
+    append_or_say(run_dir / variables.STARTS_FILE, "start record", [record],
+                  "how the ranks started is not recorded")
 
 
 def write_run_files(files: tuple[tuple[Path, str], ...]) -> None:

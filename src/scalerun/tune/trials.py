@@ -28,6 +28,7 @@ from scalerun.runtime import steplog_reader as keys
 from scalerun.scaling.results import run_metrics
 from scalerun.scaling.study import LAUNCH_LOG, RunOutcome, error_line, set_aside
 from scalerun.tune.space import Candidate
+from scalerun.variables import STARTS_FILE
 
 TRIALS = "trials"
 TRIAL_FILE = "trial.json"
@@ -61,6 +62,10 @@ class Measured:
     steps_run: int | None = None
     """The last step the step logs recorded: more than the trial's steps where the script
     ran past ``SCALERUN_MAX_STEPS``."""
+    once_s: float = 0.0
+    """Start-up this trial paid for the trials after it: the seconds its starter took to
+    import torch where it stayed as a standby (:data:`~scalerun.variables.STARTS_FILE`),
+    which later launches of its kind skip."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,18 @@ def judge(candidate: Candidate, steps: int, run_dir: Path, outcome: RunOutcome, 
     measured = Measured(samples_per_s=metrics.samples_per_s, step_s=metrics.step_s,
                         steady_steps=metrics.steady_steps, wall_s=wall_s,
                         peak_rss_mb=rss, peak_gpu_mb=gpu, knobs_kept=kept or None, knobs_asked=asked,
-                        steps_run=last)
+                        steps_run=last, once_s=paid_once(run_dir))
     return TrialResult(candidate, steps, "ok", run_dir, measured=measured, wall_s=wall_s)
+
+
+def paid_once(run_dir: Path) -> float:
+    """The seconds the launch's starters took to become ready where they stayed as
+    standbys: a cold import of torch that the next trials, forked by those standbys, do
+    not pay (0 where the launch left none, or recorded nothing: a SLURM trial, an older
+    scalerun)."""
+    paid = [float(record["starter_ready_s"]) for record in read_jsonl(run_dir / STARTS_FILE)
+            if record.get("left_standby") is True and isinstance(record.get("starter_ready_s"), int | float)]
+    return round(max([0.0, *paid]), 3)  # the nodes of a launch start in parallel
 
 
 def peaks(run_dir: Path) -> tuple[float | None, float | None, dict[str, Any], list[str] | None, int | None]:

@@ -56,7 +56,7 @@ from scalerun.errors import LaunchError
 from scalerun.launch.local import start, warm
 from scalerun.launch.local.failures import exit_code_of, failure_message
 from scalerun.launch.local.job import PREFIX_VARIABLE, LocalJob, rank_command, standalone
-from scalerun.launch.observe import RANKS_ENDED
+from scalerun.launch.observe import RANKS_ENDED, record_start
 from scalerun.parent_death import ending_with_launcher
 from scalerun.plan.request import LocalOptions
 
@@ -297,6 +297,8 @@ def run(job: LocalJob) -> tuple[int, str | None]:
             except warm.Fallback as fallback:
                 warm.say(str(fallback))
                 starter = None
+        if job.observe is not None:
+            record_start(job.observe.run_dir, starter)
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
                 break

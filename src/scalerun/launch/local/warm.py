@@ -278,11 +278,20 @@ class Starter:
         self._early_ends: dict[int, int] = {}
         """Ends reported before :meth:`popen` made the rank's :class:`WarmProc`."""
         self._send_lock = threading.Lock()
+        self._created = time.monotonic()
+        self.ready_s: float | None = None
+        """Seconds from this object's start to the starter's ready: its imports, or a
+        standby's fork of itself."""
+        self.left_standby = False
+        """The starter left a standby (:mod:`.standby`): later launches of its key skip
+        the imports this one paid for."""
         same_python = os.path.realpath(python) == os.path.realpath(sys.executable)
         pid = fork_here(ours, theirs, also) if fork_here is not None and not preload and same_python else None
         folder = standby_link.folder_for(env, preload=preload, lean=lean, forked_here=pid is not None)
         key = standby_link.standby_key(python, also, env) if folder is not None else ""
         served = standby_link.ask(folder, key, env) if folder is not None else None
+        self.served = served is not None
+        """Forked by a standby: no imports paid here."""
         if served is not None:  # forked by the standby, on a socket of its own
             ours.close()
             self.control = ours = served[1]
@@ -434,13 +443,14 @@ class Starter:
         kind = message.get("event")
         with self.changed:
             if kind == "ready":
-                self.ready = True
+                self.ready, self.ready_s = True, time.monotonic() - self._created
             elif kind == "failed":
                 self.ready, self.failure = False, str(message.get("reason"))
             elif kind == "started":
                 self._started[int(message["id"])] = int(message["pid"])
             elif kind == "standby":  # a copy of the starter that outlives this launch
                 spare(int(message["pid"]))
+                self.left_standby = True
             elif kind == "said":  # a standby's starter stopped what the ranks left
                 print(str(message.get("line")), file=sys.stderr, flush=True)
             elif kind == "refused":
