@@ -183,3 +183,35 @@ def loader(
     )
     timed.training = train
     return timed
+
+
+def stop_loader_workers() -> int:
+    """Shut down the workers of every live multi-process ``DataLoader`` iterator of this
+    process, as the iterator does when its loop runs out; how many iterators were stopped.
+
+    Why: a bounded run (``SCALERUN_MAX_STEPS``) or a warned job ends from inside the user's
+    ``for batch in loader`` with ``SystemExit``. At interpreter exit torch leaves a live
+    iterator's workers alone, multiprocessing then sends them SIGTERM, and each worker that
+    had passed a batch kept its ``/tmp/pymp-*`` folder (the socket of multiprocessing's
+    resource sharer): 313 of them in the test machine's /tmp after a day of test-suite runs. Shut
+    down here, a worker returns from its loop and removes its folder. The iterators are
+    found by a walk of the garbage collector's objects, once, at the run's end, and only
+    where the process has worker children (0.13-0.35 s for 290,000 objects on the busy 2-core
+    VM, and 0.16 s for the shutdown of one worker)."""
+    import gc
+    import multiprocessing
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    if not multiprocessing.active_children():
+        return 0
+    kinds = {_MultiProcessingDataLoaderIter, *_subclasses(_MultiProcessingDataLoaderIter)}
+    live = [found for found in gc.get_objects() if type(found) in kinds and not getattr(found, "_shutdown", True)]
+    for iterator in live:  # type() above, not isinstance: a lazy module's __class__ warns
+        iterator._shutdown_workers()
+    return len(live)
+
+
+def _subclasses(kind: type) -> list[type]:
+    return [sub for direct in kind.__subclasses__() for sub in (direct, *_subclasses(direct))]
+

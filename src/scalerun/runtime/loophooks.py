@@ -185,11 +185,13 @@ class LoopHooks:
         """The bounded run ends here, on every rank at the same step (they step together):
         the step log is written, the process group left, and the rank exits 0 out of the
         user's ``optimizer.step()``, as ``wrap()`` ends its loop."""
+        from scalerun.runtime.data import stop_loader_workers
         from scalerun.runtime.steplog import close_log
 
         close_log()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        stop_loader_workers()
         raise SystemExit(0)
 
     # -- modules -----------------------------------------------------------------------

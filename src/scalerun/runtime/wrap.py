@@ -27,6 +27,7 @@ from torch import nn
 
 from scalerun.runtime import hang, knobs, observe, preempt, strategies
 from scalerun.runtime.context import context, shutdown
+from scalerun.runtime.data import stop_loader_workers
 from scalerun.runtime.strategies.base import (
     OptimizerArg,
     SchedulerArg,
@@ -133,6 +134,7 @@ class Wrapped(nn.Module):
             self.profiler.stop()
         preempt.forget()
         shutdown()
+        stop_loader_workers()
         raise SystemExit(status)
 
     def _stop_after_last_step(self) -> None:
@@ -141,6 +143,7 @@ class Wrapped(nn.Module):
         if self.profiler is not None:
             self.profiler.stop()
         shutdown()
+        stop_loader_workers()
         raise SystemExit(0)
 
     # -- observation (step log, profiler); no effect on training -------------------
