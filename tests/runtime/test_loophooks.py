@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from scalerun import variables
 from scalerun.rundir import step_log_path
@@ -163,13 +168,23 @@ print("the loop ran to its end")
 """
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A launch's TMPDIR short enough for multiprocessing's sockets in it: under xdist a
+    folder of tmp_path made the worker's listener path longer than AF_UNIX's 108 bytes,
+    and the loader waited for a batch that never came."""
+    folder = Path(tempfile.mkdtemp(prefix="sr-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def worker_folders(tmp: Path) -> list[str]:
     """What multiprocessing's workers left in the launch's TMPDIR (``pymp-*``: the socket of
     its resource sharer, which a worker that passed a batch opened)."""
     return sorted(path.name for path in tmp.glob("pymp-*"))
 
 
-def test_the_step_limit_ends_a_loop_scalerun_does_not_own(tmp_path: Path) -> None:
+def test_the_step_limit_ends_a_loop_scalerun_does_not_own(tmp_path: Path, short_tmp: Path) -> None:
     """Issue 29: SCALERUN_MAX_STEPS (how tune and scaling bound a trial) stopped only
     wrap(model, optimizer) loops; a plain DDP script ran all its steps. Every rank now
     ends at step N, exit code 0, with its step log written. The loop's DataLoader worker is
@@ -177,32 +192,30 @@ def test_the_step_limit_ends_a_loop_scalerun_does_not_own(tmp_path: Path) -> Non
     script = tmp_path / "boundless.py"
     script.write_text(BOUNDLESS_DDP)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    (tmp_path / "tmp").mkdir()
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "2", "--no-monitor",
                            "--run-dir", str(tmp_path / "run"), str(script)], capture_output=True, text=True,
                           timeout=180, env={**env, variables.MAX_STEPS: "6", "OMP_NUM_THREADS": "1",
-                                            "TMPDIR": str(tmp_path / "tmp")})
+                                            "TMPDIR": str(short_tmp)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the loop ran to its end" not in done.stdout and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert worker_folders(tmp_path / "tmp") == []
+    assert worker_folders(short_tmp) == []
     for rank in (0, 1):
         lines = [json.loads(line) for line in step_log_path(tmp_path / "run", rank).read_text().splitlines()]
         assert [line[keys.STEP] for line in lines if line[keys.KIND] == keys.STEP_KIND] == [1, 2, 3, 4, 5, 6]
         assert lines[-1][keys.KIND] == keys.END_KIND
 
 
-def test_a_wrapped_loop_ended_by_the_step_limit_stops_its_loader_workers(tmp_path: Path) -> None:
+def test_a_wrapped_loop_ended_by_the_step_limit_stops_its_loader_workers(tmp_path: Path, short_tmp: Path) -> None:
     """wrap()'s own end at SCALERUN_MAX_STEPS, from inside ``for batch in loader``: the
     worker returns from its loop and removes its folder (before, one per trial of a
     tuning was left in /tmp)."""
     script = tmp_path / "wrapped.py"
     script.write_text(BOUNDLESS_WRAP)
-    (tmp_path / "tmp").mkdir()
     done = subprocess.run([sys.executable, "-m", "scalerun", "launch", "--nproc-per-node", "1", "--no-monitor",
                            "--run-dir", str(tmp_path / "run"), str(script)], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, variables.MAX_STEPS: "4", "TMPDIR": str(tmp_path / "tmp")})
+                          timeout=180, env={**os.environ, variables.MAX_STEPS: "4", "TMPDIR": str(short_tmp)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the loop ran to its end" not in done.stdout
     steps = [line for line in step_log_path(tmp_path / "run", 0).read_text().splitlines() if '"step"' in line]
-    assert steps and worker_folders(tmp_path / "tmp") == []
+    assert steps and worker_folders(short_tmp) == []
 
