@@ -25,6 +25,7 @@ from scalerun import strict_json, variables
 from scalerun.errors import LaunchError
 from scalerun.files import make_dirs, write_text_atomic
 from scalerun.job import detect_job
+from scalerun.placement import node_name
 from scalerun.plan.request import ObserveRequest
 from scalerun.redact import redact_data, secret_values
 from scalerun.run_writer import append_or_say
@@ -45,16 +46,12 @@ def prepare_run_dir(observe: ObserveRequest, what: Mapping[str, Any]) -> None:
                       what="--run-dir")
 
 
-def record_start(run_dir: Path, starter: Any) -> None:
-    """Append how this launcher started its ranks to ``RUN_DIR/starts.jsonl``
-    (:data:`scalerun.variables.STARTS_FILE`): ``starter`` is its warm starter
-    (:class:`scalerun.launch.local.warm.Starter`), or None for an exec start. A disk that
-    refuses costs this record only (:func:`scalerun.run_writer.append_or_say`)."""
-    record: dict[str, Any] = {"t": time.time(), "node": detect_job(os.environ).node_name or os.uname().nodename,
-                              "start": "exec" if starter is None else "warm"}
-    if starter is not None:
-        record.update(served=starter.served, left_standby=starter.left_standby,
-                      starter_ready_s=starter.ready_s)
+def record_start(run_dir: Path, how: Mapping[str, Any]) -> None:
+    """Append how this launcher started its ranks (``how``: :func:`scalerun.launch.local.warm.start_record`)
+    to ``RUN_DIR/starts.jsonl`` (:data:`scalerun.variables.STARTS_FILE`), with the time and
+    this node's name. A disk that refuses costs this record only
+    (:func:`scalerun.run_writer.append_or_say`)."""
+    record = {"t": time.time(), "node": node_name(), **how}
     append_or_say(run_dir / variables.STARTS_FILE, "start record", [record],
                   "how the ranks started is not recorded")
 

@@ -214,4 +214,3 @@ def stop_loader_workers() -> int:
 
 def _subclasses(kind: type) -> list[type]:
     return [sub for direct in kind.__subclasses__() for sub in (direct, *_subclasses(direct))]
-

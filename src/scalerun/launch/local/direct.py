@@ -298,7 +298,7 @@ def run(job: LocalJob) -> tuple[int, str | None]:
                 warm.say(str(fallback))
                 starter = None
         if job.observe is not None:
-            record_start(job.observe.run_dir, starter)
+            record_start(job.observe.run_dir, warm.start_record(starter))
         for local_rank in range(nproc):
             if ranks.stop_signal is not None:
                 break

@@ -486,6 +486,16 @@ class Starter:
                 self.changed.notify_all()
 
 
+def start_record(starter: Starter | None) -> dict[str, Any]:
+    """How a launch started its ranks, for ``RUN_DIR/starts.jsonl``
+    (:func:`scalerun.launch.observe.record_start`): ``exec``, or ``warm`` with whether a
+    standby forked the starter, whether the starter left one, and its seconds to ready."""
+    if starter is None:
+        return {"start": "exec"}
+    return {"start": "warm", "served": starter.served, "left_standby": starter.left_standby,
+            "starter_ready_s": starter.ready_s}
+
+
 def stop_left(procs: Sequence[WarmProc]) -> None:
     """SIGTERM to each rank's session (the kernel sent it too), SIGKILL to what is left
     :data:`LOST_GRACE_S` later: no rank outlives its starter."""
